@@ -1,0 +1,144 @@
+"""Batch transcription over files and directories: discovery, output naming, resume, per-file errors.
+
+This is the library API behind ``specli transcribe`` / ``specli translate``; the commands only parse
+options, call :func:`run_batch` and print.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from specli.audio import AUDIO_EXTENSIONS, iter_audio_chunks
+from specli.engines.targets.loader import WhisperModel, load_whisper
+from specli.engines.transcription import FileResult, TranscribeOptions, transcribe_stream
+from specli.errors import AudioError, SpecliError
+from specli.presets import Preset, load_preset
+from specli.writers import WRITERS, to_json, write_atomic
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One audio file of the batch and where its outputs go (without extension)."""
+
+    path: Path
+    output_base: Path
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one input: a result, an error, or skipped because its outputs exist."""
+
+    path: Path
+    result: FileResult | None = None
+    error: str | None = None  # one-line reason, when it failed
+    skipped: bool = False
+    outputs: tuple[Path, ...] = ()
+
+
+def discover(inputs: Iterable[str]) -> tuple[list[tuple[Path, Path]], list[Outcome]]:
+    """Expand inputs into ``(file, root)`` pairs; inputs that hold no audio become failed outcomes.
+
+    Directories are searched recursively for audio extensions; ``root`` is the directory an
+    output path is made relative to (the input directory, or the file's own directory).
+    """
+    found: list[tuple[Path, Path]] = []
+    bad: list[Outcome] = []
+    seen: set[Path] = set()
+    for raw in inputs:
+        p = Path(raw)
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_EXTENSIONS)
+            if not files:
+                bad.append(Outcome(p, error=f"{p}: directory contains no audio files"))
+            pairs = [(f, p) for f in files]
+        elif p.exists():
+            pairs = [(p, p.parent)]
+        else:
+            bad.append(Outcome(p, error=f"{p}: no such file or directory"))
+            pairs = []
+        for f, root in pairs:
+            key = f.resolve()
+            if key not in seen:
+                seen.add(key)
+                found.append((f, root))
+    return found, bad
+
+
+def plan_outputs(found: Sequence[tuple[Path, Path]], output_dir: Path) -> list[InputFile]:
+    """Output base paths mirror each file's path under its root; collisions get a path hash."""
+    bases = [output_dir / f.relative_to(root).with_suffix("") for f, root in found]
+    counts: dict[Path, int] = {}
+    for b in bases:
+        counts[b] = counts.get(b, 0) + 1
+    items = []
+    for (f, _root), base in zip(found, bases):
+        if counts[base] > 1:
+            digest = hashlib.sha1(str(f.resolve()).encode()).hexdigest()[:8]
+            base = base.with_name(f"{base.name}-{digest}")
+        items.append(InputFile(f, base))
+    return items
+
+
+def output_paths(item: InputFile, formats: Sequence[str]) -> list[Path]:
+    return [item.output_base.with_name(f"{item.output_base.name}.{fmt}") for fmt in formats]
+
+
+def render(result: FileResult, fmt: str, source: str) -> str:
+    return to_json(result, source) if fmt == "json" else WRITERS[fmt](result)
+
+
+def transcribe_file(model: WhisperModel, path: Path, opts: TranscribeOptions, decode=None,
+                    on_window: Callable[[float], None] | None = None) -> FileResult:
+    """Transcribe one file with streaming audio; raises :class:`AudioError` for bad input."""
+    kwargs = {} if decode is None else {"decode": decode}
+    return transcribe_stream(model, iter_audio_chunks(path), opts, on_window=on_window, **kwargs)
+
+
+def run_batch(
+    model: WhisperModel,
+    items: Sequence[InputFile],
+    opts: TranscribeOptions,
+    formats: Sequence[str],
+    overwrite: bool = False,
+    decode=None,
+    on_window: Callable[[Path, float], None] | None = None,
+) -> Iterator[Outcome]:
+    """Transcribe each item and write its outputs atomically; skip items whose outputs all exist."""
+    for item in items:
+        outs = output_paths(item, formats)
+        if not overwrite and outs and all(o.is_file() for o in outs):
+            yield Outcome(item.path, skipped=True, outputs=tuple(outs))
+            continue
+        try:
+            cb = (lambda s, p=item.path: on_window(p, s)) if on_window else None
+            result = transcribe_file(model, item.path, opts, decode, cb)
+        except AudioError as exc:
+            yield Outcome(item.path, error=str(exc))
+            continue
+        for fmt, out in zip(formats, outs):
+            write_atomic(out, render(result, fmt, str(item.path)))
+        yield Outcome(item.path, result=result, outputs=tuple(outs))
+
+
+def transcribe(
+    inputs: Iterable[str | Path],
+    preset: str | Preset = "whisper-base-ar",
+    options: TranscribeOptions = TranscribeOptions(),
+    model: WhisperModel | None = None,
+) -> Iterator[Outcome]:
+    """Library entry point: transcribe files and directories, yielding one :class:`Outcome` each.
+
+    Nothing is written; failures are reported in ``Outcome.error`` and the batch goes on.
+    """
+    p = preset if isinstance(preset, Preset) else load_preset(preset)
+    model = model or load_whisper(p.model, p.dtype)
+    found, bad = discover(str(i) for i in inputs)
+    yield from bad
+    for path, _root in found:
+        try:
+            yield Outcome(path, result=transcribe_file(model, path, options))
+        except SpecliError as exc:
+            yield Outcome(path, error=str(exc))

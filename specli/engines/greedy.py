@@ -1,0 +1,46 @@
+"""Plain greedy autoregressive decoding: the reference every speculative strategy must reproduce."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specli.engines.targets.whisper import DecoderState
+from specli.engines.types import DecodeResult, DecodeStats, LogitRules, Target
+
+
+def greedy_decode(
+    target: Target,
+    state: DecoderState,
+    prompt: list[int],
+    rules: LogitRules,
+    eot: int,
+    max_new_tokens: int,
+    no_speech: int | None = None,
+    sot_index: int = 0,
+) -> DecodeResult:
+    """Decode one window greedily: argmax of the rule-masked logits, one target forward a token."""
+    t0 = time.perf_counter()
+    stats = DecodeStats()
+    out = target.score(state, torch.tensor([prompt]))
+    stats.target_forwards += 1
+    no_speech_prob = float(out.logits[0, sot_index].softmax(-1)[no_speech]) if no_speech is not None else 0.0
+    logits = out.logits[0, -1:]  # [1, vocab]
+    sampled: list[int] = []
+    sum_logprob, finished = 0.0, False
+    while len(sampled) < max_new_tokens:
+        masked = rules(logits, [sampled])
+        token = int(masked[0].argmax())
+        sum_logprob += float(torch.log_softmax(masked[0], -1)[token])
+        stats.tokens += 1
+        if token == eot:
+            finished = True
+            break
+        sampled.append(token)
+        if len(sampled) == max_new_tokens:
+            break
+        logits = target.score(state, torch.tensor([[token]])).logits[0]
+        stats.target_forwards += 1
+    stats.decode_seconds = time.perf_counter() - t0
+    return DecodeResult(sampled, sum_logprob, no_speech_prob, finished, stats)

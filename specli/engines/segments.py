@@ -1,0 +1,82 @@
+"""Turn one window's decoded tokens into timed segments and the next seek position.
+
+Pure functions over token lists, following openai/whisper's sequential long-form rules:
+consecutive timestamp tokens close a segment; a window that ends in a lone timestamp was fully
+transcribed (seek moves by the whole window), otherwise decoding resumes at the last closed
+timestamp.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+TIME_PRECISION = 0.02  # seconds per timestamp token step
+FRAMES_PER_TIMESTAMP = 2  # mel frames per timestamp step (encoder stride 2)
+
+
+@dataclass(frozen=True)
+class RawSegment:
+    """A segment inside one window; times are relative to the window start."""
+
+    start: float  # seconds
+    end: float  # seconds
+    tokens: tuple[int, ...]  # text tokens (timestamps dropped)
+
+
+def split_window(
+    tokens: list[int], timestamp_begin: int, window_frames: int
+) -> tuple[list[RawSegment], int]:
+    """Segments of one window and how many mel frames the seek advances.
+
+    ``window_frames`` is the number of real (unpadded) mel frames in the window.
+    """
+    tb = timestamp_begin
+    is_ts = [t >= tb for t in tokens]
+    window_seconds = window_frames / 100.0
+    consecutive = [i for i in range(1, len(tokens)) if is_ts[i] and is_ts[i - 1]]
+    single_ending = len(tokens) >= 2 and not is_ts[-2] and is_ts[-1]
+    if not consecutive:
+        stamps = [t for t in tokens if t >= tb]
+        end = (stamps[-1] - tb) * TIME_PRECISION if stamps and stamps[-1] != tb else window_seconds
+        text = tuple(t for t in tokens if t < tb)
+        segs = [RawSegment(0.0, min(end, window_seconds), text)] if text else []
+        return segs, window_frames
+    cuts = consecutive + ([len(tokens)] if single_ending else [])
+    segs, last = [], 0
+    for cut in cuts:
+        piece = tokens[last:cut]
+        text = tuple(t for t in piece if t < tb)
+        if text:
+            start = (piece[0] - tb) * TIME_PRECISION if piece[0] >= tb else 0.0
+            end = (piece[-1] - tb) * TIME_PRECISION if piece[-1] >= tb else window_seconds
+            segs.append(RawSegment(min(start, window_seconds), min(end, window_seconds), text))
+        last = cut
+    if single_ending:
+        return segs, window_frames
+    advance = (tokens[last - 1] - tb) * FRAMES_PER_TIMESTAMP
+    return segs, max(1, min(advance, window_frames))
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes of the text over bytes of its zlib compression (Whisper's loop detector)."""
+    data = text.encode("utf-8")
+    return len(data) / max(1, len(zlib.compress(data))) if data else 0.0
+
+
+def trim_repetition(tokens: list[int], max_period: int = 32, min_repeats: int = 4) -> tuple[list[int], bool]:
+    """Cut a hallucination loop: keep one copy of a block repeated ``min_repeats`` times in a row.
+
+    Blocks of a single token must repeat ``2 * min_repeats`` times (e.g. runs of dashes).
+    Returns the tokens and whether anything was cut.
+    """
+    n = len(tokens)
+    for i in range(n):
+        for p in range(1, min(max_period, (n - i) // min_repeats) + 1):
+            need = 2 * min_repeats if p == 1 else min_repeats
+            if i + need * p > n:
+                continue
+            block = tokens[i : i + p]
+            if all(tokens[i + r * p : i + (r + 1) * p] == block for r in range(1, need)):
+                return tokens[: i + p], True
+    return tokens, False

@@ -1,0 +1,236 @@
+"""Lean Whisper target built for draft-and-verify.
+
+The encoder runs once per 30-second window. The decoder keeps a preallocated, position-indexed
+self-attention cache (:class:`~specli.engines.kv_cache.KVCache`) and the cross-attention keys and
+values of the window, computed once by :meth:`WhisperTarget.start`. One :meth:`WhisperTarget.score`
+forward takes a chain or a tree of candidate tokens (explicit positions and tree mask) and returns
+logits plus the low / middle / last decoder hidden states that drafters read.
+
+Weights use Hugging Face ``WhisperForConditionalGeneration`` names, loaded from a directory that
+:func:`specli.engines.targets.resolve.resolve_model` returns.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from specli.engines.kv_cache import KVCache
+from specli.engines.targets.layers import Linear, layer_norm
+
+N_FRAMES = 3000  # mel frames in one 30-second window
+
+
+@dataclass(frozen=True)
+class WhisperDims:
+    """Architecture sizes, read from a Hugging Face ``config.json``."""
+
+    n_mels: int  # mel bins of the input features (80 or 128)
+    vocab: int  # vocabulary size
+    d_model: int  # hidden size of encoder and decoder
+    encoder_layers: int  # encoder blocks
+    encoder_heads: int  # encoder attention heads
+    decoder_layers: int  # decoder blocks
+    decoder_heads: int  # decoder attention heads
+    audio_ctx: int  # encoder positions per window (1500)
+    text_ctx: int  # decoder positions (448)
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> WhisperDims:
+        return cls(
+            n_mels=cfg["num_mel_bins"],
+            vocab=cfg["vocab_size"],
+            d_model=cfg["d_model"],
+            encoder_layers=cfg["encoder_layers"],
+            encoder_heads=cfg["encoder_attention_heads"],
+            decoder_layers=cfg["decoder_layers"],
+            decoder_heads=cfg["decoder_attention_heads"],
+            audio_ctx=cfg.get("max_source_positions", 1500),
+            text_ctx=cfg.get("max_target_positions", 448),
+        )
+
+
+@dataclass(frozen=True)
+class HiddenStates:
+    """Decoder hidden states a drafter reads, each ``[batch, n, d_model]``."""
+
+    low: torch.Tensor  # output of the first decoder block
+    mid: torch.Tensor  # output of the middle decoder block
+    last: torch.Tensor  # final layer-normed state (input of the vocabulary projection)
+
+
+@dataclass(frozen=True)
+class ScoreOutput:
+    """What one decoder forward returns."""
+
+    logits: torch.Tensor  # [batch, n, vocab], float32, before any logit rule
+    hidden: HiddenStates
+
+
+@dataclass(frozen=True)
+class DecoderState:
+    """Per-window decoder state: the self-attention cache and the window's cross-attention K/V."""
+
+    audio_features: torch.Tensor  # [batch, audio_ctx, d_model] encoder output
+    cross_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer ([B, H, audio_ctx, D],) * 2
+    cache: KVCache
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+
+def _attn_proj(w: dict, prefix: str, dtype: torch.dtype) -> dict[str, Linear]:
+    return {
+        name: Linear.from_weights(w, f"{prefix}.{name}_proj", dtype)
+        for name in ("q", "k", "v", "out")
+    }
+
+
+class _Block:
+    """One pre-norm Transformer block (self-attention, optional cross-attention, MLP)."""
+
+    def __init__(self, w: dict, prefix: str, dtype: torch.dtype, cross: bool) -> None:
+        self.self_attn = _attn_proj(w, f"{prefix}.self_attn", dtype)
+        self.self_ln = (w[f"{prefix}.self_attn_layer_norm.weight"], w[f"{prefix}.self_attn_layer_norm.bias"])
+        self.cross_attn = _attn_proj(w, f"{prefix}.encoder_attn", dtype) if cross else None
+        if cross:
+            self.cross_ln = (
+                w[f"{prefix}.encoder_attn_layer_norm.weight"],
+                w[f"{prefix}.encoder_attn_layer_norm.bias"],
+            )
+        self.fc1 = Linear.from_weights(w, f"{prefix}.fc1", dtype)
+        self.fc2 = Linear.from_weights(w, f"{prefix}.fc2", dtype)
+        self.final_ln = (w[f"{prefix}.final_layer_norm.weight"], w[f"{prefix}.final_layer_norm.bias"])
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(layer_norm(x, self.final_ln))))
+
+
+def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    b, n, d = x.shape
+    return x.view(b, n, heads, d // heads).transpose(1, 2)  # [B, H, n, D]
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    b, h, n, d = x.shape
+    return x.transpose(1, 2).reshape(b, n, h * d)
+
+
+class WhisperTarget:
+    """Whisper encoder + cached decoder. Stateless apart from its weights."""
+
+    def __init__(self, dims: WhisperDims, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32):
+        self.dims = dims
+        self.dtype = dtype
+        w = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in weights.items()}
+        self.conv1 = (w["model.encoder.conv1.weight"], w["model.encoder.conv1.bias"])
+        self.conv2 = (w["model.encoder.conv2.weight"], w["model.encoder.conv2.bias"])
+        self.enc_pos = w["model.encoder.embed_positions.weight"]  # [audio_ctx, d]
+        self.enc_blocks = [_Block(w, f"model.encoder.layers.{i}", dtype, False) for i in range(dims.encoder_layers)]
+        self.enc_ln = (w["model.encoder.layer_norm.weight"], w["model.encoder.layer_norm.bias"])
+        self.embed = w["model.decoder.embed_tokens.weight"]  # [vocab, d]
+        self.dec_pos = w["model.decoder.embed_positions.weight"]  # [text_ctx, d]
+        self.dec_blocks = [_Block(w, f"model.decoder.layers.{i}", dtype, True) for i in range(dims.decoder_layers)]
+        self.dec_ln = (w["model.decoder.layer_norm.weight"], w["model.decoder.layer_norm.bias"])
+        self.proj_out = Linear(w.get("proj_out.weight", self.embed), None)
+        self.mid_layer = (dims.decoder_layers - 1) // 2
+
+    @classmethod
+    def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> WhisperTarget:
+        """Load from a Hugging Face layout directory (``config.json`` + ``model.safetensors``)."""
+        path = Path(path)
+        cfg = json.loads((path / "config.json").read_text())
+        return cls(WhisperDims.from_hf_config(cfg), load_file(str(path / "model.safetensors")), dtype)
+
+    @torch.inference_mode()
+    def encode(self, mel: torch.Tensor) -> torch.Tensor:
+        """Encoder forward: ``mel [B, n_mels, 3000]`` -> ``[B, audio_ctx, d_model]``."""
+        x = F.gelu(F.conv1d(mel.to(self.dtype), *self.conv1, padding=1))
+        x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1))
+        x = x.transpose(1, 2) + self.enc_pos[: x.shape[2]]
+        heads = self.dims.encoder_heads
+        for blk in self.enc_blocks:
+            h = layer_norm(x, blk.self_ln)
+            a = blk.self_attn
+            q, k, v = (_split_heads(a[n](h), heads) for n in ("q", "k", "v"))
+            x = x + a["out"](_merge_heads(F.scaled_dot_product_attention(q, k, v)))
+            x = blk.mlp(x)
+        return layer_norm(x, self.enc_ln)
+
+    @torch.inference_mode()
+    def start(self, audio_features: torch.Tensor, max_len: int | None = None) -> DecoderState:
+        """New decoder state for one window: an empty cache and the cross-attention K/V."""
+        d, heads = self.dims, self.dims.decoder_heads
+        feats = audio_features.to(self.dtype)
+        cross = tuple(
+            (_split_heads(blk.cross_attn["k"](feats), heads), _split_heads(blk.cross_attn["v"](feats), heads))
+            for blk in self.dec_blocks
+        )
+        cache = KVCache(
+            d.decoder_layers, feats.shape[0], heads, max_len or d.text_ctx, d.d_model // heads, self.dtype, feats.device
+        )
+        return DecoderState(feats, cross, cache)
+
+    @torch.inference_mode()
+    def score(
+        self,
+        state: DecoderState,
+        tokens: torch.Tensor,  # [B, n] candidate tokens, written to slots [length, length + n)
+        positions: torch.Tensor | None = None,  # [B, n] decoder positions; default length + arange(n)
+        tree_mask: torch.Tensor | None = None,  # [B, n, n] bool, True where node i may see node j
+    ) -> ScoreOutput:
+        """One decoder forward over a chain (default, causal) or a tree of candidate tokens.
+
+        The K/V of all ``n`` tokens are appended to the cache; the caller keeps what it accepts
+        with ``state.cache.crop`` / ``state.cache.compact``.
+        """
+        cache, heads = state.cache, self.dims.decoder_heads
+        start, n = cache.length, tokens.shape[1]
+        if positions is None:
+            positions = torch.arange(start, start + n, device=tokens.device).expand_as(tokens)
+        if int(positions.max()) >= self.dims.text_ctx:
+            raise ValueError(f"decoder position {int(positions.max())} beyond {self.dims.text_ctx}")
+        x = self.embed[tokens] + self.dec_pos[positions]  # [B, n, d]
+        mask = _self_attn_mask(start, n, tree_mask, tokens.device)
+        low = mid = x
+        for i, blk in enumerate(self.dec_blocks):
+            x = self._decoder_block(blk, i, x, state, start, mask, heads)
+            if i == 0:
+                low = x
+            if i == self.mid_layer:
+                mid = x
+        cache.length = start + n
+        last = layer_norm(x, self.dec_ln)
+        logits = self.proj_out(last).float()
+        return ScoreOutput(logits, HiddenStates(low, mid, last))
+
+    def _decoder_block(
+        self, blk: _Block, i: int, x: torch.Tensor, state: DecoderState, start: int, mask, heads: int
+    ) -> torch.Tensor:
+        a = blk.self_attn
+        h = layer_norm(x, blk.self_ln)
+        q, k, v = (_split_heads(a[n](h), heads) for n in ("q", "k", "v"))
+        state.cache.write(i, start, k, v)
+        k_all, v_all = state.cache.view(i, start + x.shape[1])
+        x = x + a["out"](_merge_heads(F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)))
+        c = blk.cross_attn
+        h = layer_norm(x, blk.cross_ln)
+        ck, cv = state.cross_kv[i]
+        x = x + c["out"](_merge_heads(F.scaled_dot_product_attention(_split_heads(c["q"](h), heads), ck, cv)))
+        return blk.mlp(x)
+
+
+def _self_attn_mask(start: int, n: int, tree_mask: torch.Tensor | None, device) -> torch.Tensor | None:
+    """Boolean mask ``[B or 1, 1, n, start + n]``: every cached slot, plus the tree (or causal) mask."""
+    if tree_mask is None:
+        if n == 1:
+            return None
+        tree_mask = torch.ones(n, n, dtype=torch.bool, device=device).tril().unsqueeze(0)
+    prefix = torch.ones(tree_mask.shape[0], n, start, dtype=torch.bool, device=device)
+    return torch.cat([prefix, tree_mask.to(torch.bool)], dim=2).unsqueeze(1)

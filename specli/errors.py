@@ -1,0 +1,27 @@
+"""Domain errors. Library code raises these; ``specli.cli`` translates them to exit codes once."""
+
+from __future__ import annotations
+
+
+class SpecliError(Exception):
+    """Base class of every error specli reports to a user."""
+
+    exit_code = 1
+
+
+class ModelLoadError(SpecliError):
+    """A model could not be found, verified, read or converted. The message names the file."""
+
+    exit_code = 3
+
+
+class AudioError(SpecliError):
+    """An audio file could not be decoded. The message names the file and the reason."""
+
+    exit_code = 4
+
+
+class PresetError(SpecliError):
+    """A preset is unknown or has invalid or unknown keys."""
+
+    exit_code = 2

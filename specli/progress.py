@@ -79,4 +79,5 @@ class BatchProgress:
                               files=f"{self._done_files}/{self._total_files} files")
 
     def message(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False)
+        """One line on stderr, never wrapped or marked up (paths and reasons stay greppable)."""
+        self.console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,8 +17,13 @@ from specli.engines.transcription import FileResult, Segment
 FORMATS = ("txt", "json", "srt", "vtt", "tsv")
 
 
+def _ms(seconds: float) -> int:
+    """Whole milliseconds, rounded to nearest, never negative."""
+    return max(0, round(seconds * 1000))
+
+
 def _clock(seconds: float, sep: str, always_hours: bool = True) -> str:
-    ms = max(0, round(seconds * 1000))
+    ms = _ms(seconds)
     h, ms = divmod(ms, 3_600_000)
     m, ms = divmod(ms, 60_000)
     s, ms = divmod(ms, 1000)
@@ -35,9 +40,14 @@ def to_txt(result: FileResult) -> str:
     return "".join(f"{s.text.strip()}\n" for s in result.segments)
 
 
+def _srt_text(text: str) -> str:
+    """SRT has no escapes: an arrow in the text would read as a timing line, so shorten it."""
+    return _cue_text(text).replace("-->", "->")
+
+
 def to_srt(result: FileResult) -> str:
     cues = [
-        f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{_cue_text(s.text)}\n"
+        f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{_srt_text(s.text)}\n"
         for i, s in enumerate(result.segments, 1)
     ]
     return "\n".join(cues)
@@ -60,7 +70,7 @@ def to_tsv(result: FileResult) -> str:
     rows = ["start\tend\ttext"]
     for s in result.segments:
         text = " ".join(s.text.split())
-        rows.append(f"{round(s.start * 1000)}\t{round(s.end * 1000)}\t{text}")
+        rows.append(f"{_ms(s.start)}\t{_ms(s.end)}\t{text}")
     return "\n".join(rows) + "\n"
 
 
@@ -112,9 +122,14 @@ WRITERS: dict[str, Callable[[FileResult], str]] = {
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename.
+
+    The temporary file is hidden (``.<name>.<random>.part``) and created with the usual
+    permissions (0666 less the umask), so the output gets the mode a plain write would give it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
@@ -122,5 +137,5 @@ def write_atomic(path: Path, text: str) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise

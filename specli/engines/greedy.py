@@ -1,4 +1,7 @@
-"""Plain greedy autoregressive decoding: the reference every speculative strategy must reproduce."""
+"""Plain autoregressive decoding (greedy, or sampling through the same logit filter).
+
+Greedy decoding here is the reference every speculative strategy must reproduce token for token.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import time
 
 import torch
 
+from specli.engines.logits import GREEDY, SamplingParams, choose, filter_logits
 from specli.engines.targets.whisper import DecoderState
 from specli.engines.types import DecodeResult, DecodeStats, LogitRules, Target
 
@@ -19,8 +23,10 @@ def greedy_decode(
     max_new_tokens: int,
     no_speech: int | None = None,
     sot_index: int = 0,
+    sampling: SamplingParams = GREEDY,
+    generator: torch.Generator | None = None,
 ) -> DecodeResult:
-    """Decode one window greedily: argmax of the rule-masked logits, one target forward a token."""
+    """Decode one window, one target forward a token, from the filtered logits."""
     t0 = time.perf_counter()
     stats = DecodeStats()
     out = target.score(state, torch.tensor([prompt]))
@@ -30,9 +36,10 @@ def greedy_decode(
     sampled: list[int] = []
     sum_logprob, finished = 0.0, False
     while len(sampled) < max_new_tokens:
-        masked = rules(logits, [sampled])
-        token = int(masked[0].argmax())
-        sum_logprob += float(torch.log_softmax(masked[0], -1)[token])
+        filtered = filter_logits(logits, [sampled], rules, sampling)
+        u = None if sampling.greedy else torch.rand(1, generator=generator, dtype=torch.float64).float()
+        token = int(choose(filtered, sampling, u)[0])
+        sum_logprob += float(torch.log_softmax(filtered[0], -1)[token])
         stats.tokens += 1
         if token == eot:
             finished = True

@@ -64,19 +64,34 @@ def compression_ratio(text: str) -> float:
     return len(data) / max(1, len(zlib.compress(data))) if data else 0.0
 
 
-def trim_repetition(tokens: list[int], max_period: int = 32, min_repeats: int = 4) -> tuple[list[int], bool]:
+#: First id past Whisper's text vocabularies (50257 text tokens multilingual; English eot is 50256).
+#: A decoded window holds only text and timestamp tokens, so ids at or above this are timestamps.
+WHISPER_TEXT_VOCAB = 50257
+
+
+def trim_repetition(
+    tokens: list[int], max_period: int = 32, min_repeats: int = 4, timestamp_begin: int = WHISPER_TEXT_VOCAB
+) -> tuple[list[int], bool]:
     """Cut a hallucination loop: keep one copy of a block repeated ``min_repeats`` times in a row.
 
-    Blocks of a single token must repeat ``2 * min_repeats`` times (e.g. runs of dashes).
-    Returns the tokens and whether anything was cut.
+    Blocks are compared on text tokens only (ids below ``timestamp_begin``), so a sentence looped
+    as successive segments with different timestamps counts as repeated. Blocks of a single
+    token must repeat ``2 * min_repeats`` times (e.g. runs of dashes). The kept tokens end after
+    the first copy and the timestamp that closes it, if any. Returns the tokens and whether
+    anything was cut.
     """
-    n = len(tokens)
+    where = [i for i, t in enumerate(tokens) if t < timestamp_begin]  # positions of text tokens
+    text = [tokens[i] for i in where]
+    n = len(text)
     for i in range(n):
         for p in range(1, min(max_period, (n - i) // min_repeats) + 1):
             need = 2 * min_repeats if p == 1 else min_repeats
             if i + need * p > n:
                 continue
-            block = tokens[i : i + p]
-            if all(tokens[i + r * p : i + (r + 1) * p] == block for r in range(1, need)):
-                return tokens[: i + p], True
+            block = text[i : i + p]
+            if all(text[i + r * p : i + (r + 1) * p] == block for r in range(1, need)):
+                cut = where[i + p - 1] + 1
+                if cut < len(tokens) and tokens[cut] >= timestamp_begin:
+                    cut += 1
+                return tokens[:cut], True
     return tokens, False

@@ -138,8 +138,8 @@ def transcribe_stream(
         if window_frames == 0:
             break
         t0 = time.perf_counter()
-        feats = target.encode(window_features(audio, model.target.dims.n_mels))
-        state = target.start(feats)
+        mel = window_features(audio, model.target.dims.n_mels)
+        state = target.start(target.encode(mel), features=mel)
         stats.encode_seconds += time.perf_counter() - t0
         stats.windows += 1
         if sp.multilingual and language is None:

@@ -36,7 +36,41 @@ class DecodeStats:
     tokens: int = 0  # tokens emitted (eot included)
     target_forwards: int = 0  # decoder forwards of the target, prefill included
     decode_seconds: float = 0.0  # wall time inside the decode loop
-    extra: dict[str, float] = field(default_factory=dict)  # strategy-specific figures
+    draft_seconds: float = 0.0  # time in the drafter (propose + commit)
+    verify_seconds: float = 0.0  # time in target forwards, logit filtering and verification
+    verify_steps: int = 0  # speculative steps (target forwards that verified a draft)
+    drafted: int = 0  # draft tokens (tree nodes) proposed
+    accepted: int = 0  # draft tokens accepted
+    position_attempts: list[int] = field(default_factory=list)  # steps whose draft reached depth d+1 ...
+    position_accepts: list[int] = field(default_factory=list)  # ... and of those, accepted at depth d+1
+
+    def record_step(self, draft_depth: int, accepted: int) -> None:
+        """One verification: the draft's depth and how many tokens were accepted."""
+        self.verify_steps += 1
+        self.accepted += accepted
+        for d in range(min(draft_depth, accepted + 1)):
+            if d == len(self.position_attempts):
+                self.position_attempts.append(0)
+                self.position_accepts.append(0)
+            self.position_attempts[d] += 1
+            self.position_accepts[d] += int(d < accepted)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens per verification step, bonus included (tau)."""
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 1.0
+
+    def merge(self, other: DecodeStats) -> None:
+        """Add another decode's counters to these."""
+        for name in ("tokens", "target_forwards", "decode_seconds", "draft_seconds", "verify_seconds",
+                     "verify_steps", "drafted", "accepted"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for d in range(len(other.position_attempts)):
+            if d == len(self.position_attempts):
+                self.position_attempts.append(0)
+                self.position_accepts.append(0)
+            self.position_attempts[d] += other.position_attempts[d]
+            self.position_accepts[d] += other.position_accepts[d]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from typing import Literal, get_args
 
 from specli.errors import PresetError
 
-Strategy = Literal["ar"]
+Strategy = Literal["ar", "chain", "adaptive", "recycling", "sparse-tree"]
+DrafterKind = Literal["none", "pool", "model", "cross-tokenizer"]
 DType = Literal["float32", "bfloat16"]
 
 
@@ -21,18 +22,45 @@ class Preset:
     name: str  # preset name (the TOML file's stem)
     model: str  # bundled model name, Hugging Face id or directory, or CTranslate2 directory
     description: str = ""  # one line shown by `specli presets`
-    strategy: Strategy = "ar"  # decoding strategy; "ar" is plain greedy autoregressive decoding
+    strategy: Strategy = "ar"  # "ar" = plain greedy; the others draft and verify (lossless)
     dtype: DType = "float32"  # numeric type of the target's weights and activations
+    drafter: DrafterKind = "none"  # pool = n-gram pool of earlier hypotheses; model / cross-tokenizer
+    draft_model: str = ""  # the drafter's model, for drafter = model or cross-tokenizer
+    max_draft: int = 8  # most draft tokens (tree nodes) per target forward (hard cap 24 for adaptive)
+    confidence_threshold: float = 0.0  # adaptive: the drafter stops below this probability
+    tree_topk: int = 2  # sparse-tree: alternatives added at each low-confidence position
+    tree_threshold: float = 0.6  # sparse-tree: positions below this drafter probability branch
+    ngram: int = 4  # pool: longest suffix matched
 
     def __post_init__(self) -> None:
         if not self.model:
             raise PresetError(f"preset {self.name!r}: 'model' must not be empty")
-        for fname, kind in (("strategy", Strategy), ("dtype", DType)):
+        for fname, kind in (("strategy", Strategy), ("dtype", DType), ("drafter", DrafterKind)):
             if getattr(self, fname) not in get_args(kind):
                 raise PresetError(
                     f"preset {self.name!r}: {fname} must be one of {list(get_args(kind))}, "
                     f"not {getattr(self, fname)!r}"
                 )
+        self._check_strategy()
+
+    def _check_strategy(self) -> None:
+        def bad(msg: str) -> PresetError:
+            return PresetError(f"preset {self.name!r}: {msg}")
+
+        if (self.strategy == "ar") != (self.drafter == "none"):
+            raise bad("strategy 'ar' takes drafter 'none'; every other strategy needs a drafter")
+        if self.drafter in ("model", "cross-tokenizer") and not self.draft_model:
+            raise bad(f"drafter {self.drafter!r} needs 'draft_model'")
+        if self.strategy == "adaptive" and (self.drafter == "pool" or self.confidence_threshold <= 0):
+            raise bad("strategy 'adaptive' needs a model drafter and confidence_threshold > 0")
+        if self.strategy == "sparse-tree" and (self.drafter == "pool" or self.tree_topk < 1):
+            raise bad("strategy 'sparse-tree' needs a model drafter and tree_topk >= 1")
+        if not 1 <= self.max_draft <= 24:
+            raise bad("max_draft must be within 1..24")
+        if not 0.0 <= self.confidence_threshold < 1.0 or not 0.0 <= self.tree_threshold <= 1.0:
+            raise bad("thresholds must be within [0, 1)")
+        if self.ngram < 1:
+            raise bad("ngram must be >= 1")
 
 
 def preset_from_dict(name: str, data: dict) -> Preset:

@@ -239,7 +239,8 @@ def hf_config(dims: WhisperDims, tokens: SpecialTokens) -> dict[str, Any]:
 def _default_alignment_heads(dims: WhisperDims) -> list[list[int]]:
     """CTranslate2's fallback: every head of the second half of the decoder layers."""
     first = dims.decoder_layers // 2
-    return [[layer, head] for layer in range(first, dims.decoder_layers) for head in range(dims.decoder_attention_heads)]
+    heads = range(dims.decoder_attention_heads)
+    return [[layer, head] for layer in range(first, dims.decoder_layers) for head in heads]
 
 
 def generation_config(dims: WhisperDims, tokens: SpecialTokens, ct2_config: Mapping[str, Any]) -> dict[str, Any]:

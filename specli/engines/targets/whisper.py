@@ -79,6 +79,7 @@ class DecoderState:
     audio_features: torch.Tensor  # [batch, audio_ctx, d_model] encoder output
     cross_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer ([B, H, audio_ctx, D],) * 2
     cache: KVCache
+    features: torch.Tensor | None = None  # [batch, n_mels, 3000] the window's input (for drafters)
 
     @property
     def length(self) -> int:
@@ -164,7 +165,9 @@ class WhisperTarget:
         return layer_norm(x, self.enc_ln)
 
     @torch.inference_mode()
-    def start(self, audio_features: torch.Tensor, max_len: int | None = None) -> DecoderState:
+    def start(
+        self, audio_features: torch.Tensor, max_len: int | None = None, features: torch.Tensor | None = None
+    ) -> DecoderState:
         """New decoder state for one window: an empty cache and the cross-attention K/V."""
         d, heads = self.dims, self.dims.decoder_heads
         feats = audio_features.to(self.dtype)
@@ -175,7 +178,7 @@ class WhisperTarget:
         cache = KVCache(
             d.decoder_layers, feats.shape[0], heads, max_len or d.text_ctx, d.d_model // heads, self.dtype, feats.device
         )
-        return DecoderState(feats, cross, cache)
+        return DecoderState(feats, cross, cache, features)
 
     @torch.inference_mode()
     def score(

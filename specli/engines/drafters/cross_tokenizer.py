@@ -1,0 +1,88 @@
+"""Training-free drafter across tokenizers: a Whisper model with another vocabulary drafts text.
+
+The drafter (e.g. English-only ``whisper-tiny.en`` for multilingual ``whisper-base`` on English
+audio) decodes greedily in its own vocabulary from its own encoder pass over the same features.
+Its text is re-encoded into the target's tokenizer and proposed as a point-mass chain, so the
+target's verification keeps the output exact whatever the drafter gets wrong.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specli.engines.drafters.base import DraftProposal, DraftRequest
+from specli.engines.drafters.model import ModelDraftOptions
+from specli.engines.drafters.recycling import merge_chains
+from specli.engines.targets.loader import WhisperModel
+from specli.engines.targets.whisper import DecoderState
+from specli.engines.targets.whisper_rules import WhisperLogitRules
+
+
+class CrossTokenizerDrafter:
+    """Drafts with ``drafter`` (its own tokenizer) for a target with ``target_tokenizer``."""
+
+    def __init__(self, drafter: WhisperModel, target: WhisperModel, language: str = "en",
+                 options: ModelDraftOptions = ModelDraftOptions()) -> None:
+        self.drafter = drafter
+        self.target_tok = target.tokenizer
+        self.target_eot = target.special.eot
+        self.options = options  # adaptive length and sparse tree, judged in the drafter's vocabulary
+        sp = drafter.special
+        self._prompt = sp.prompt(language if sp.multilingual else None, "transcribe", timestamps=False)
+        self._rules = WhisperLogitRules.for_model(sp)
+        self._state: DecoderState | None = None
+        self._cached: list[int] = []
+
+    def start(self, state: DecoderState, prompt: list[int]) -> None:
+        if state.features is None:
+            raise ValueError("the cross-tokenizer drafter needs the window's features")
+        model = self.drafter.target
+        self._state = model.start(model.encode(state.features))
+        self._cached = []
+
+    def _context(self, request: DraftRequest) -> tuple[list[int], int]:
+        """The drafter's token sequence for the committed text, and its prompt length."""
+        text = self.target_tok.decode(request.tokens[request.prompt_len :])
+        return self._prompt + self.drafter.tokenizer.encode(text), len(self._prompt)
+
+    def _sync(self, tokens: list[int]) -> torch.Tensor:
+        keep = 0
+        while keep < min(len(self._cached), len(tokens) - 1) and self._cached[keep] == tokens[keep]:
+            keep += 1
+        self._state.cache.crop(keep)
+        out = self.drafter.target.score(self._state, torch.tensor([tokens[keep:]]))
+        self._cached = list(tokens)
+        return out.logits[0, -1]
+
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        ctx, plen = self._context(request)
+        logits = self._sync(ctx)
+        eot, opts = self.drafter.special.eot, self.options
+        new: list[int] = []
+        branches: list[list[int]] = []  # drafter-token prefixes ending in an alternative
+        ended = False
+        while len(new) < request.budget:
+            probs = self._rules(logits[None], [ctx[plen:] + new]).softmax(-1)[0]
+            top = probs.topk(opts.tree_topk + 1)
+            tok, p = int(top.indices[0]), float(top.values[0])
+            if new and p < opts.confidence_threshold:
+                break
+            if opts.tree_topk and p < opts.tree_threshold:
+                branches += [new + [int(a)] for a in top.indices[1:] if int(a) != eot]
+            if tok == eot:
+                ended = True
+                break
+            new.append(tok)
+            logits = self.drafter.target.score(self._state, torch.tensor([[tok]])).logits[0, -1]
+            self._cached.append(tok)
+        main = self._to_target(new) + ([self.target_eot] if ended else [])
+        chains = [main] + [self._to_target(b) for b in branches]
+        tokens, parents = merge_chains(chains, request.budget)
+        return DraftProposal(tokens, parents, [1.0] * len(tokens))
+
+    def _to_target(self, drafter_tokens: list[int]) -> list[int]:
+        """Drafter tokens -> text -> target tokens."""
+        return self.target_tok.encode(self.drafter.tokenizer.decode(drafter_tokens)) if drafter_tokens else []
+
+    def commit(self, tokens: list[int]) -> None:
+        """Nothing to do: the next proposal re-derives the drafter's context from the text."""

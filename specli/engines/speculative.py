@@ -1,0 +1,127 @@
+"""Lossless speculative decoding: a drafter proposes, the target verifies in one forward, commit.
+
+The cache holds every committed token except the *pending* one (the last committed token). Each
+step scores ``[pending] + draft`` (a chain or a tree) in one target forward, verifies the draft
+against the filtered target rows, keeps the accepted path in the cache (``crop`` / ``compact``)
+and emits the accepted tokens plus one target token (recovered or bonus), which becomes pending.
+Greedy output equals :func:`specli.engines.greedy.greedy_decode`; sampled output follows the
+target's distribution.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from specli.engines.drafters.base import Drafter, DraftProposal, DraftRequest
+from specli.engines.logits import GREEDY, SamplingParams, filter_logits
+from specli.engines.targets.whisper import DecoderState, HiddenStates
+from specli.engines.tree import depths, tree_inputs
+from specli.engines.types import DecodeResult, DecodeStats, LogitRules, Target
+from specli.engines.verify import verify
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    """Speculation settings shared by every drafter."""
+
+    max_draft: int = 8  # most draft tokens (tree nodes) per target forward
+    sampling: SamplingParams = GREEDY  # greedy, or sampling with temperature / top-k / top-p / penalty
+    seed: int | None = None  # seed of the random numbers used when sampling
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_draft <= 64:
+            raise ValueError("max_draft must be within 0..64")
+
+
+def speculative_decode(
+    target: Target,
+    state: DecoderState,
+    prompt: list[int],
+    rules: LogitRules,
+    eot: int,
+    max_new_tokens: int,
+    no_speech: int | None = None,
+    sot_index: int = 0,
+    *,
+    drafter: Drafter,
+    options: SpecOptions = SpecOptions(),
+) -> DecodeResult:
+    """Decode one window with ``drafter``; same contract as ``greedy_decode``."""
+    t_start = time.perf_counter()
+    stats = DecodeStats()
+    gen = torch.Generator().manual_seed(options.seed) if options.seed is not None else None
+    filt = partial(filter_logits, rules=rules, params=options.sampling)
+    no_speech_prob, hidden = 0.0, None
+    if len(prompt) > 1:
+        out = target.score(state, torch.tensor([prompt[:-1]]))
+        stats.target_forwards += 1
+        if no_speech is not None and sot_index < len(prompt) - 1:
+            no_speech_prob = float(out.logits[0, sot_index].softmax(-1)[no_speech])
+        hidden = out.hidden
+    drafter.start(state, prompt)
+    tokens, plen = list(prompt), len(prompt)
+    sum_logprob, finished = 0.0, False
+    while not finished and len(tokens) - plen < max_new_tokens:
+        room = min(options.max_draft, max_new_tokens - (len(tokens) - plen) - 1,
+                   state.cache.max_len - state.cache.length - 2)
+        t0 = time.perf_counter()
+        req = DraftRequest(tokens, plen, max(0, room), state, hidden, filt, options.sampling.greedy, gen)
+        proposal = drafter.propose(req) if room > 0 else DraftProposal([], [])
+        t1 = time.perf_counter()
+        emitted, logprobs, hidden, rows0 = _verify_step(target, state, tokens, plen, proposal, filt, options, gen)
+        if stats.target_forwards == 0 and no_speech is not None and sot_index == plen - 1:
+            no_speech_prob = float(rows0.softmax(-1)[no_speech])
+        stats.target_forwards += 1
+        stats.draft_seconds += t1 - t0
+        stats.verify_seconds += time.perf_counter() - t1
+        stats.drafted += len(proposal)
+        stats.record_step(max(depths(proposal.parents), default=0), len(emitted) - 1)
+        for tok, lp in zip(emitted, logprobs):
+            sum_logprob += lp
+            stats.tokens += 1
+            if tok == eot:
+                finished = True
+                break
+            tokens.append(tok)
+            if len(tokens) - plen == max_new_tokens:
+                break
+        t2 = time.perf_counter()
+        drafter.commit(tokens)
+        stats.draft_seconds += time.perf_counter() - t2
+    stats.decode_seconds = time.perf_counter() - t_start
+    return DecodeResult(tokens[plen:], sum_logprob, no_speech_prob, finished, stats)
+
+
+def _verify_step(target, state, tokens, plen, proposal: DraftProposal, filt, options, gen):
+    """One target forward over ``[pending] + proposal``; returns emitted tokens and their log-probs."""
+    start = state.cache.length
+    n = len(proposal)
+    mask, positions = tree_inputs(proposal.parents, start)
+    scored = torch.tensor([[tokens[-1], *proposal.tokens]])
+    out = target.score(state, scored, positions=positions, tree_mask=mask if n else None)
+    prefixes = _row_prefixes(tokens[plen:], proposal)
+    filtered = filt(out.logits[0], prefixes)  # [n+1, vocab]
+    u_accept = torch.rand(1, n, generator=gen, dtype=torch.float64).float()
+    u_sample = torch.rand(1, n + 1, generator=gen, dtype=torch.float64).float()
+    length, path, nxt = verify(filtered[None], proposal, options.sampling.greedy, u_accept, u_sample)
+    kept = [int(i) for i in path[0, : int(length[0])]]
+    state.cache.compact(start, [start] + [start + 1 + i for i in kept])
+    emitted = [proposal.tokens[i] for i in kept] + [int(nxt[0])]
+    rows = [0] + [i + 1 for i in kept]
+    logp = torch.log_softmax(filtered[rows], -1)
+    logprobs = [float(logp[j, t]) for j, t in enumerate(emitted)]
+    hid = HiddenStates(*(h[:, rows] for h in (out.hidden.low, out.hidden.mid, out.hidden.last)))
+    return emitted, logprobs, hid, out.logits[0, 0]
+
+
+def _row_prefixes(sampled: list[int], proposal: DraftProposal) -> list[list[int]]:
+    """Sampled prefix seen by each scored row: the root row, then each node after its own path."""
+    rows = [sampled]
+    for i in range(len(proposal)):
+        parent = proposal.parents[i]
+        rows.append(rows[parent + 1] + [proposal.tokens[i]])
+    return rows

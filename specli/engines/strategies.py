@@ -1,0 +1,50 @@
+"""Build a window decoder (plain greedy or speculative) from a preset."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from specli.engines.drafters.base import Drafter
+from specli.engines.drafters.cross_tokenizer import CrossTokenizerDrafter
+from specli.engines.drafters.model import ModelDrafter, ModelDraftOptions
+from specli.engines.drafters.ngram import NgramDrafter, NgramPool
+from specli.engines.drafters.recycling import RecyclingDrafter
+from specli.engines.greedy import greedy_decode
+from specli.engines.speculative import SpecOptions, speculative_decode
+from specli.engines.targets.loader import WhisperModel, load_whisper
+from specli.engines.transcription import Decoder
+from specli.presets import Preset
+
+
+def _draft_options(preset: Preset) -> ModelDraftOptions:
+    return ModelDraftOptions(
+        confidence_threshold=preset.confidence_threshold if preset.strategy == "adaptive" else 0.0,
+        tree_topk=preset.tree_topk if preset.strategy == "sparse-tree" else 0,
+        tree_threshold=preset.tree_threshold,
+    )
+
+
+def build_drafter(preset: Preset, target: WhisperModel, language: str | None = None) -> Drafter:
+    """The preset's drafter for ``target`` (loads a draft model when the preset names one)."""
+    if preset.drafter == "pool":
+        drafter: Drafter = NgramDrafter(NgramPool(preset.ngram), target.special.eot)
+    elif preset.drafter == "model":
+        draft = load_whisper(preset.draft_model, preset.dtype)
+        if draft.target.dims.vocab != target.target.dims.vocab:
+            raise ValueError(f"draft model {preset.draft_model!r} has another vocabulary: use cross-tokenizer")
+        drafter = ModelDrafter(draft.target, _draft_options(preset))
+    elif preset.drafter == "cross-tokenizer":
+        draft = load_whisper(preset.draft_model, preset.dtype)
+        drafter = CrossTokenizerDrafter(draft, target, language or "en", _draft_options(preset))
+    else:
+        raise ValueError(f"preset {preset.name!r} has no drafter")
+    return RecyclingDrafter(drafter) if preset.strategy == "recycling" else drafter
+
+
+def build_decoder(preset: Preset, target: WhisperModel, language: str | None = None) -> Decoder:
+    """``greedy_decode`` for 'ar' presets, else ``speculative_decode`` bound to the preset's drafter."""
+    if preset.strategy == "ar":
+        return greedy_decode
+    max_draft = min(preset.max_draft, 24)
+    return partial(speculative_decode, drafter=build_drafter(preset, target, language),
+                   options=SpecOptions(max_draft=max_draft))

@@ -1,0 +1,34 @@
+"""Shared fixtures: real bundled Whisper models (converted once into a per-session cache) and clips."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Triton kernels run on the CPU through the interpreter; must be set before triton is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+EN_CLIPS = sorted((SAMPLES / "en").glob("*.wav"))
+ES_CLIPS = sorted((SAMPLES / "es").glob("*.wav"))
+FR_CLIPS = sorted((SAMPLES / "fr").glob("*.wav"))
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def whisper_models():
+    """Loaded bundled models by name, loaded on first use."""
+    from specli.engines.targets.loader import load_whisper
+
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = load_whisper(name)
+        return cache[name]
+
+    return get

@@ -1,0 +1,111 @@
+"""CPU fast path of :class:`Linear`: equal to ``F.linear`` for every row count the decoder and
+encoder use, deterministic in bf16, and the whole lean decoder still matches transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from specli.engines.targets.layers import Linear
+from specli.engines.targets.whisper import WhisperDims, WhisperTarget
+
+ROWS = [*range(1, 25), 1500]
+# (out, in, bias): whisper-base and tiny.en layer shapes, plus reduced vocabulary heads
+SHAPES = [
+    (512, 512, True), (2048, 512, True), (512, 2048, True), (5000, 512, False),
+    (384, 384, True), (1536, 384, True), (384, 1536, True), (5000, 384, False),
+]
+
+
+def _weights(out_f: int, in_f: int, bias: bool, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_f, in_f, generator=g) / in_f**0.5
+    return w, (torch.randn(out_f, generator=g) if bias else None)
+
+
+def _assert_close(got: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4) -> None:
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    scale = ref.abs().max().clamp_min(1.0)
+    err = (got - ref).abs().max()
+    assert err <= rel * scale, f"max error {float(err):.3g} > {rel} * {float(scale):.3g}"
+
+
+@pytest.mark.parametrize(("out_f", "in_f", "bias"), SHAPES)
+def test_fp32_matches_f_linear(out_f: int, in_f: int, bias: bool) -> None:
+    w, b = _weights(out_f, in_f, bias)
+    lin = Linear(w, b)
+    g = torch.Generator().manual_seed(1)
+    for m in ROWS:
+        x = torch.randn(1, m, in_f, generator=g)
+        _assert_close(lin(x), F.linear(x, w, b))
+
+
+def test_real_size_vocab_head() -> None:
+    w, _ = _weights(51865, 512, False)
+    lin = Linear(w, None)
+    g = torch.Generator().manual_seed(2)
+    for m in range(1, 25):
+        x = torch.randn(1, m, 512, generator=g)
+        _assert_close(lin(x), F.linear(x, w))
+
+
+@pytest.mark.parametrize(("out_f", "in_f", "bias"), SHAPES[:4])
+def test_bf16_deterministic_and_close(out_f: int, in_f: int, bias: bool) -> None:
+    w, b = _weights(out_f, in_f, bias)
+    lin = Linear(w.bfloat16(), None if b is None else b.bfloat16())
+    g = torch.Generator().manual_seed(3)
+    for m in ROWS:
+        x = torch.randn(1, m, in_f, generator=g).bfloat16()
+        first, second = lin(x), lin(x.clone())
+        assert first.dtype == torch.bfloat16
+        assert torch.equal(first, second), m
+        _assert_close(first.float(), F.linear(x.float(), w, b), rel=3e-2)
+
+
+def test_shapes_dtype_and_plain_mode() -> None:
+    w, b = _weights(96, 64, True)
+    x = torch.randn(2, 3, 5, 64)
+    assert Linear(w, b)(x).shape == (2, 3, 5, 96)
+    assert torch.equal(Linear(w, b, fast=False)(x), F.linear(x, w, b))
+    assert Linear.from_weights({"p.weight": w}, "p", torch.float64)(x.double()).dtype == torch.float64
+    _assert_close(Linear(w, None)(x[0, 0]), F.linear(x[0, 0], w))
+    assert torch.equal(Linear(w, b).weight, w)
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    torch.manual_seed(0)
+    cfg = transformers.WhisperConfig(
+        vocab_size=3000, num_mel_bins=80, d_model=64, encoder_layers=2, encoder_attention_heads=4,
+        decoder_layers=2, decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256,
+        max_source_positions=1500, max_target_positions=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, decoder_start_token_id=3,
+    )
+    hf = transformers.WhisperForConditionalGeneration(cfg).eval()
+    target = WhisperTarget(WhisperDims.from_hf_config(cfg.to_dict()), hf.state_dict())
+    mel = torch.randn(1, 80, 3000)
+    with torch.no_grad():
+        enc = hf.model.encoder(mel).last_hidden_state
+    return hf, target, mel, enc
+
+
+def test_encoder_matches_transformers(small_model) -> None:
+    hf, target, mel, enc = small_model
+    _assert_close(target.encode(mel), enc)
+
+
+def test_decoder_logits_match_transformers_for_1_to_24_tokens(small_model) -> None:
+    hf, target, _mel, enc = small_model
+    g = torch.Generator().manual_seed(4)
+    prefix = torch.randint(0, 3000, (1, 20), generator=g)
+    draft = torch.randint(0, 3000, (1, 24), generator=g)
+    with torch.no_grad():
+        ref = hf(encoder_outputs=(enc,), decoder_input_ids=torch.cat([prefix, draft], 1)).logits
+    state = target.start(enc)
+    target.score(state, prefix)
+    for n in range(1, 25):
+        got = target.score(state, draft[:, :n]).logits
+        state.cache.crop(20)
+        assert torch.allclose(got, ref[:, 20 : 20 + n], atol=1e-4), n

@@ -1,0 +1,107 @@
+"""Tiny random Whisper targets and test drafters for the property tests of the decoding math."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from specli.engines.drafters.base import DraftProposal, DraftRequest
+from specli.engines.targets.whisper import DecoderState, WhisperDims, WhisperTarget
+from specli.engines.targets.whisper_rules import WhisperLogitRules
+from specli.engines.tree import chain_parents
+
+VOCAB = 48
+EOT, SOT, NO_TS, TB = 2, 3, 4, 36  # ids of the control tokens; 36.. are timestamps
+SUPPRESSED = 5
+
+
+def tiny_target(seed: int, layers: int = 2, init_std: float = 0.3) -> WhisperTarget:
+    torch.manual_seed(seed)
+    cfg = transformers.WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=80, d_model=32, encoder_layers=1, encoder_attention_heads=2,
+        decoder_layers=layers, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_source_positions=1500, max_target_positions=96, pad_token_id=0, bos_token_id=1,
+        eos_token_id=EOT, decoder_start_token_id=SOT, init_std=init_std,
+    )
+    hf = transformers.WhisperForConditionalGeneration(cfg).eval()
+    return WhisperTarget(WhisperDims.from_hf_config(cfg.to_dict()), hf.state_dict())
+
+
+def tiny_rules(timestamps: bool = False) -> WhisperLogitRules:
+    return WhisperLogitRules(EOT, NO_TS, TB, suppress_tokens=(SUPPRESSED,), begin_suppress_tokens=(EOT,),
+                             timestamps=timestamps, max_initial_timestamp_index=4)
+
+
+_ENCODED: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def window(target: WhisperTarget, seed: int) -> DecoderState:
+    """A fresh decoder state over random features (encoder output cached per target and seed)."""
+    key = (id(target), seed)
+    if key not in _ENCODED:
+        g = torch.Generator().manual_seed(seed)
+        mel = torch.randn(1, 80, 3000, generator=g)
+        _ENCODED[key] = (mel, target.encode(mel))
+    mel, enc = _ENCODED[key]
+    return target.start(enc, features=mel)
+
+
+class AlwaysWrongDrafter:
+    """Proposes a suppressed token at every position: the target never accepts it."""
+
+    def start(self, state: DecoderState, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        n = request.budget
+        return DraftProposal([SUPPRESSED] * n, chain_parents(n), [1.0] * n)
+
+    def commit(self, tokens: list[int]) -> None:
+        pass
+
+
+class RandomTreeDrafter:
+    """Proposes random trees (for tree verification); deterministic given its seed."""
+
+    def __init__(self, seed: int) -> None:
+        self.g = torch.Generator().manual_seed(seed)
+
+    def start(self, state: DecoderState, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        n = int(torch.randint(0, request.budget + 1, (1,), generator=self.g))
+        parents = [int(torch.randint(-1, i, (1,), generator=self.g)) if i else -1 for i in range(n)]
+        tokens = torch.randint(6, VOCAB, (n,), generator=self.g).tolist()
+        return DraftProposal(tokens, parents, [1.0] * n)
+
+    def commit(self, tokens: list[int]) -> None:
+        pass
+
+
+class NoisyTreeDrafter:
+    """Wraps a drafter: corrupts some of its tokens and adds random sibling branches (seeded)."""
+
+    def __init__(self, inner, seed: int, corrupt: float = 0.3) -> None:
+        self.inner, self.corrupt = inner, corrupt
+        self.g = torch.Generator().manual_seed(seed)
+
+    def start(self, state: DecoderState, prompt: list[int]) -> None:
+        self.inner.start(state, prompt)
+
+    def _rand(self, hi: int, lo: int = 0) -> int:
+        return int(torch.randint(lo, hi, (1,), generator=self.g))
+
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        base = self.inner.propose(request)
+        tokens, parents = list(base.tokens), list(base.parents)
+        for i in range(len(tokens)):
+            if torch.rand(1, generator=self.g).item() < self.corrupt:
+                tokens[i] = self._rand(VOCAB, 6)
+        while len(tokens) < request.budget and self._rand(3):
+            parents.append(self._rand(len(tokens), -1) if tokens else -1)
+            tokens.append(self._rand(VOCAB, 6))
+        return DraftProposal(tokens, parents, [1.0] * len(tokens))
+
+    def commit(self, tokens: list[int]) -> None:
+        self.inner.commit(tokens)

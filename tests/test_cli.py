@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import torch
 from click.testing import CliRunner
 
 from conftest import EN_CLIPS, ES_CLIPS, FR_CLIPS, SAMPLES
@@ -19,6 +21,16 @@ from specli.cli import main
 REPO = SAMPLES.parent
 TINY = ("--preset", "whisper-tiny.en-ar")
 SUMMARY = re.compile(r"files: (\d+) ok, (\d+) failed, (\d+) skipped")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """One intra-op thread: on this shared 2-core machine a second thread mostly waits at barriers
+    (decoder steps measured 4-6x slower with 2 threads than with 1 while other processes ran)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def run(*args, input: str | None = None):
@@ -56,15 +68,11 @@ def visible(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
 
 
-# one clip of each English source (pocketsphinx-testdata, asterisk-core-sounds-en-wav), then es and fr
-DETECT_EN = [SAMPLES / "en" / "sense_and_sensibility_01_austen_64kb-0880.wav", SAMPLES / "en" / "ss-noservice.wav"]
-
-
 def test_language_detected_per_file_all_formats_and_jsonl(tmp_path):
     out = tmp_path / "out"
-    res = run("transcribe", *DETECT_EN, SAMPLES / "es", SAMPLES / "fr", "-o", out, "-f", "all", "--jsonl", "-")
+    res = run("transcribe", SAMPLES / "en", SAMPLES / "es", SAMPLES / "fr", "-o", out, "-f", "all", "--jsonl", "-")
     assert res.exit_code == 0, res.stderr
-    clips = DETECT_EN + ES_CLIPS + FR_CLIPS
+    clips = EN_CLIPS + ES_CLIPS + FR_CLIPS
     recs = records(res.stdout)  # one JSON record per file and nothing else on stdout
     assert sorted(r["source"] for r in recs) == sorted(str(c) for c in clips)
     assert summary(res.stderr) == (len(clips), 0, 0)
@@ -73,7 +81,7 @@ def test_language_detected_per_file_all_formats_and_jsonl(tmp_path):
         clip = Path(rec["source"])
         assert rec["language"] == clip.parent.name and rec["language_probability"] > 0.5, rec
         scores[clip] = recall(reference(clip), rec["text"])
-    assert all(scores[c] >= 0.8 for c in DETECT_EN), scores
+    assert all(scores[c] >= 0.8 for c in EN_CLIPS), scores
     assert all(scores[c] >= 0.5 for c in ES_CLIPS + FR_CLIPS) and sum(scores.values()) / len(scores) >= 0.75, scores
     # es/priv-introsaved.wav and fr/priv-introsaved.wav share a stem: two outputs, neither overwrites the other
     bases = sorted({n.rsplit(".", 1)[0] for n in visible(out)})
@@ -107,12 +115,10 @@ SOURCE_WORDS = {"gracias", "por", "favor", "usted", "espere", "conferencia", "me
 
 
 def test_translate_spanish_and_french_into_english(tmp_path):
-    # "Gracias, por favor espere ..." and "Merci. Veuillez attendre ..."
-    clips = [SAMPLES / "es" / "priv-introsaved.wav", SAMPLES / "fr" / "priv-introsaved.wav"]
-    res = run("translate", *clips, "-o", tmp_path, "--jsonl", "-")
+    res = run("translate", SAMPLES / "es", SAMPLES / "fr", "-o", tmp_path, "--jsonl", "-")
     assert res.exit_code == 0, res.stderr
     recs = records(res.stdout)
-    assert len(recs) == 2
+    assert len(recs) == 4
     all_words = set()
     for rec in recs:
         assert rec["language"] == Path(rec["source"]).parent.name  # the spoken language, detected
@@ -121,6 +127,7 @@ def test_translate_spanish_and_french_into_english(tmp_path):
         assert len(w) >= 3, rec["text"]
         assert sum(x in ENGLISH for x in w) >= max(2, len(w) // 3), rec["text"]
         assert not set(w) & SOURCE_WORDS, rec["text"]
+    # "Gracias, por favor espere ...", "Merci. Veuillez attendre ...", "Merci d'avoir essayé ..."
     assert {"thank", "thanks"} & all_words and {"please", "wait"} & all_words
 
 
@@ -159,7 +166,7 @@ def test_resume_after_sigkill_gives_every_output_exactly_once(tmp_path):
     inputs = [SAMPLES / "en", *twins]  # seven clips
     args = ["transcribe", *map(str, inputs), "-o", str(out), "-f", "json", *TINY]
     with open(tmp_path / "stderr.txt", "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "specli.cli", *args, "--threads", "2"], cwd=REPO,
+        proc = subprocess.Popen([sys.executable, "-m", "specli.cli", *args, "--threads", "1"], cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             _wait_for(lambda: out.is_dir() and any(out.glob("*.json")), proc, timeout=180)

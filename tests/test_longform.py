@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 from click.testing import CliRunner
 
 from conftest import EN_CLIPS
@@ -17,6 +18,16 @@ from specli.cli import main
 CYCLES = 3  # every clip three times: 15 utterances, about 71 s of speech ...
 GAP_RANGE = (2.5, 4.5)  # ... with short silences between them: about 124 s in all
 SRT_LINE = re.compile(r"^(\d{2,}):(\d{2}):(\d{2}),(\d{3}) --> (\d{2,}):(\d{2}):(\d{2}),(\d{3})$", re.M)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """One intra-op thread: on this shared 2-core machine a second thread mostly waits at barriers
+    (decoder steps measured 4-6x slower with 2 threads than with 1 while other processes ran)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def words(text: str) -> list[str]:

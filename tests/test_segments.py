@@ -7,12 +7,23 @@ import re
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 
 from specli.engines.segments import RawSegment, compression_ratio, split_window, trim_repetition
 from specli.engines.transcription import TranscribeOptions
 
 TB = 1000  # synthetic timestamp_begin: ids below are text, ids from here are <|0.00|>, <|0.02|>, ...
 FULL = 3000  # mel frames of a full 30 s window
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """One intra-op thread: on this shared 2-core machine a second thread mostly waits at barriers
+    (decoder steps measured 4-6x slower with 2 threads than with 1 while other processes ran)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def ts(seconds: float) -> int:
@@ -182,22 +193,20 @@ def nonspeech_files(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "model,signal,max_new_tokens",
+    "model,signal",
     [
-        ("whisper-tiny.en", "zeros", 224),
-        ("whisper-tiny.en", "noise", 224),
-        ("whisper-tiny.en", "tones", 224),
-        ("whisper-base", "noise", 224),
-        # whisper-base loops on the tones; 64 tokens already hold five copies of the loop and cost a
-        # quarter of the default 224 (the cut is the same either way)
-        ("whisper-base", "tones", 64),
+        ("whisper-tiny.en", "zeros"),
+        ("whisper-tiny.en", "noise"),
+        ("whisper-tiny.en", "tones"),
+        ("whisper-base", "zeros"),
+        ("whisper-base", "noise"),
+        ("whisper-base", "tones"),  # whisper-base loops here: the same sentence 18 times without the guard
     ],
 )
-def test_nonspeech_gives_near_empty_text_and_no_loop(whisper_models, nonspeech_files, model, signal, max_new_tokens):
+def test_nonspeech_gives_near_empty_text_and_no_loop(whisper_models, nonspeech_files, model, signal):
     from specli.batch import transcribe_file
 
-    opts = TranscribeOptions(max_new_tokens=max_new_tokens)
-    result = transcribe_file(whisper_models(model), nonspeech_files[signal], opts)
+    result = transcribe_file(whisper_models(model), nonspeech_files[signal], TranscribeOptions())
     words = _words(result.text)
     # silence and noise: nothing, or Whisper's classic one-word "you"; tones: at most one short
     # hallucinated sentence, never a loop
@@ -206,6 +215,6 @@ def test_nonspeech_gives_near_empty_text_and_no_loop(whisper_models, nonspeech_f
     assert len(sentences) == len(set(sentences)), result.text
     assert result.stats.windows == 1
     assert all(0 <= s.start <= s.end <= 20.0 for s in result.segments)
-    if model == "whisper-base":
+    if model == "whisper-base" and signal != "zeros":
         # noise: dropped by the no-speech check; tones: cut by the repetition guard
         assert (result.stats.skipped_windows, result.stats.trimmed_windows) == ((1, 0) if signal == "noise" else (0, 1))

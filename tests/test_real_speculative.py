@@ -1,0 +1,42 @@
+"""Real weights, real speech: every speculative preset's transcript is identical to its AR preset's."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import EN_CLIPS, ES_CLIPS
+from specli.audio import iter_audio_chunks
+from specli.engines.strategies import build_decoder
+from specli.engines.transcription import TranscribeOptions, transcribe_stream
+from specli.presets import available_presets, load_preset
+
+SPECULATIVE = [n for n in available_presets() if load_preset(n).strategy != "ar"]
+CLIPS = {"whisper-base": [EN_CLIPS[0], EN_CLIPS[4], ES_CLIPS[0]], "whisper-tiny.en": [EN_CLIPS[1], EN_CLIPS[3]]}
+_REF: dict = {}
+
+
+def _tokens(model, clip, decode=None):
+    opts = TranscribeOptions(language="es" if "/es/" in str(clip) and model.special.multilingual else None)
+    kwargs = {} if decode is None else {"decode": decode}
+    res = transcribe_stream(model, iter_audio_chunks(clip), opts, **kwargs)
+    return [s.tokens for s in res.segments], res.stats
+
+
+@pytest.mark.parametrize("name", SPECULATIVE)
+def test_preset_transcripts_identical_to_ar(whisper_models, name):
+    preset = load_preset(name)
+    model = whisper_models(preset.model)
+    decode = build_decoder(preset, model, "en")
+    forwards = tokens = 0
+    rounds = 2 if preset.drafter == "pool" else 1  # a second round lets the pool draw on the first
+    clips = CLIPS[preset.model] if preset.drafter == "pool" else CLIPS[preset.model][:2]
+    for _round in range(rounds):
+        for clip in clips:
+            key = (preset.model, clip)
+            if key not in _REF:
+                _REF[key] = _tokens(model, clip)[0]
+            got, stats = _tokens(model, clip, decode)
+            assert got == _REF[key], (name, clip.name)
+            forwards += stats.target_forwards
+            tokens += stats.tokens
+    assert forwards < tokens, f"{name}: no draft token was ever accepted"

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specli.audio import AUDIO_EXTENSIONS, iter_audio_chunks
-from specli.engines.targets.loader import WhisperModel, load_whisper
+from specli.engines.strategies import Engine, load_engine
+from specli.engines.targets.loader import WhisperModel
 from specli.engines.transcription import FileResult, TranscribeOptions, transcribe_stream
 from specli.errors import AudioError, SpecliError
 from specli.presets import Preset, load_preset
@@ -127,18 +128,19 @@ def transcribe(
     inputs: Iterable[str | Path],
     preset: str | Preset = "whisper-base-ar",
     options: TranscribeOptions = TranscribeOptions(),
-    model: WhisperModel | None = None,
+    engine: Engine | None = None,
 ) -> Iterator[Outcome]:
     """Library entry point: transcribe files and directories, yielding one :class:`Outcome` each.
 
-    Nothing is written; failures are reported in ``Outcome.error`` and the batch goes on.
+    Nothing is written; failures are reported in ``Outcome.error`` and the batch goes on. Pass a
+    loaded ``engine`` (``specli.engines.strategies.load_engine``) to reuse it across calls.
     """
     p = preset if isinstance(preset, Preset) else load_preset(preset)
-    model = model or load_whisper(p.model, p.dtype)
+    engine = engine or load_engine(p, language=options.language)
     found, bad = discover(str(i) for i in inputs)
     yield from bad
     for path, _root in found:
         try:
-            yield Outcome(path, result=transcribe_file(model, path, options))
+            yield Outcome(path, result=transcribe_file(engine.model, path, options, engine.decode))
         except SpecliError as exc:
             yield Outcome(path, error=str(exc))

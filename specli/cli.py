@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "translate": "specli.commands.transcribe:translate",
     "presets": "specli.commands.presets:presets",
     "models": "specli.commands.presets:models",
+    "bench": "specli.commands.bench:bench",
 }
 
 

@@ -115,10 +115,10 @@ SOURCE_WORDS = {"gracias", "por", "favor", "usted", "espere", "conferencia", "me
 
 
 def test_translate_spanish_and_french_into_english(tmp_path):
-    res = run("translate", SAMPLES / "es", SAMPLES / "fr", "-o", tmp_path, "--jsonl", "-")
+    res = run("translate", SAMPLES / "es", SAMPLES / "fr", "-o", tmp_path, "--jsonl", "-", "--progress")
     assert res.exit_code == 0, res.stderr
-    recs = records(res.stdout)
-    assert len(recs) == 4
+    recs = records(res.stdout)  # the forced progress bar stays on stderr
+    assert len(recs) == 4 and "4/4 files" in res.stderr
     all_words = set()
     for rec in recs:
         assert rec["language"] == Path(rec["source"]).parent.name  # the spoken language, detected

@@ -14,6 +14,7 @@ from specli.engines.transcription import TranscribeOptions
 
 TB = 1000  # synthetic timestamp_begin: ids below are text, ids from here are <|0.00|>, <|0.02|>, ...
 FULL = 3000  # mel frames of a full 30 s window
+SR = 16000
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -143,6 +144,24 @@ def test_loop_across_segments_with_different_timestamps_is_cut():
     assert trim_repetition(tokens, timestamp_begin=10**6) == (tokens, False)
 
 
+def test_loop_found_mid_segment_is_cut_at_the_segment_boundary():
+    # text only: "1 2 . 7 . 7 . 7 . 7 . 7 ." -- the earliest period-2 match is ". 7" (from the first
+    # full stop), which would end the kept text on "7" and lose the closing timestamp
+    dot = 9
+    tokens = [ts(0), 1, 2, dot, ts(1.0)]
+    for k in range(1, 6):
+        tokens += [ts(k), 7, dot, ts(k + 1.0)]
+    kept, cut = trim_repetition(tokens, timestamp_begin=TB)
+    assert cut
+    assert kept == [ts(0), 1, 2, dot, ts(1.0), ts(1.0), 7, dot, ts(2.0)]
+    assert split_window(kept, TB, FULL)[0] == [RawSegment(0.0, 1.0, (1, 2, dot)), RawSegment(1.0, 2.0, (7, dot))]
+
+
+def test_loop_without_timestamps_keeps_exactly_one_period():
+    kept, cut = trim_repetition([1, 2, 9, 7, 9, 7, 9, 7, 9, 7, 9], timestamp_begin=TB)
+    assert cut and kept == [1, 2, 9, 7]
+
+
 def test_real_whisper_loop_is_cut_with_default_vocabulary():
     # whisper-base on 20 s of a sum of tones: " I'm going to go back to the next video." x 18
     tb = 50364
@@ -156,6 +175,25 @@ def test_real_whisper_loop_is_cut_with_default_vocabulary():
     assert [s.tokens for s in split_window(kept, tb, 2000)[0]] == [tuple(sentence[:8]), tuple(sentence[8:])]
 
 
+def test_audio_after_a_cut_loop_is_still_decoded(whisper_models):
+    from specli.engines.transcription import transcribe_stream
+    from specli.engines.types import DecodeResult, DecodeStats
+
+    model = whisper_models("whisper-tiny.en")
+    tb, hello, again = model.special.timestamp_begin, model.tokenizer.encode(" Hello."), model.tokenizer.encode(" Again.")
+
+    def looping_decode(target, state, prompt, rules, eot, max_new, no_speech=None, sot_index=0):
+        # <0.00> Hello. <2.00><2.00> Again. <3.00> and "Again." five more times: cut to the first 3 s
+        toks = [tb, *hello, tb + 100] + [t for k in range(6) for t in (tb + 100 + 50 * k, *again, tb + 150 + 50 * k)]
+        return DecodeResult(toks, -0.1, 0.0, True, DecodeStats())
+
+    done: list[float] = []
+    audio = np.zeros(35 * SR, dtype=np.float32)
+    result = transcribe_stream(model, [audio], TranscribeOptions(), decode=looping_decode, on_window=done.append)
+    assert [s.text for s in result.segments[:2]] == [" Hello.", " Again."]
+    assert done[0] <= 3.0  # the next window starts where the kept text ends, not at 30 s
+
+
 def test_compression_ratio_flags_loops():
     assert compression_ratio("") == 0.0
     assert compression_ratio("The number you have dialed is not in service.") < 1.5
@@ -164,7 +202,6 @@ def test_compression_ratio_flags_loops():
 
 # -------------------------------------------------------------------- silence, noise, music: real models
 
-SR = 16000
 
 
 def _signals() -> dict[str, np.ndarray]:
@@ -213,8 +250,11 @@ def test_nonspeech_gives_near_empty_text_and_no_loop(whisper_models, nonspeech_f
     assert len(words) <= (3 if signal != "tones" else 10), result.text
     sentences = [s.strip() for s in re.split(r"[.!?]", result.text.lower()) if s.strip()]
     assert len(sentences) == len(set(sentences)), result.text
-    assert result.stats.windows == 1
+    assert result.stats.windows <= 2  # a second window only when the seek resumes after a cut loop
     assert all(0 <= s.start <= s.end <= 20.0 for s in result.segments)
     if model == "whisper-base" and signal != "zeros":
         # noise: dropped by the no-speech check; tones: cut by the repetition guard
-        assert (result.stats.skipped_windows, result.stats.trimmed_windows) == ((1, 0) if signal == "noise" else (0, 1))
+        if signal == "noise":
+            assert (result.stats.skipped_windows, result.stats.trimmed_windows) == (1, 0)
+        else:
+            assert result.stats.trimmed_windows >= 1

@@ -12,7 +12,7 @@ import torch
 
 from specli.audio import audio_duration
 from specli.batch import discover, plan_outputs, run_batch
-from specli.engines.targets.loader import load_whisper
+from specli.engines.strategies import load_engine
 from specli.engines.transcription import TranscribeOptions
 from specli.errors import AudioError
 from specli.presets import load_preset
@@ -33,6 +33,7 @@ def _options(f):
         click.option("--fail-fast", is_flag=True, help="Stop at the first failed input."),
         click.option("--threads", type=click.IntRange(1), help="CPU threads for torch (default: torch's choice)."),
         click.option("--device", type=click.Choice(["cpu"]), default="cpu", show_default=True),
+        click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), help="Override the preset's dtype."),
         click.option("--timestamps/--no-timestamps", default=True, show_default=True),
         click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when a terminal)."),
     ]
@@ -56,7 +57,7 @@ def _safe_duration(path: Path) -> float:
 
 
 def _run(task: str, inputs, preset, model, language, output_dir, output_format, jsonl, overwrite, fail_fast,
-         threads, device, timestamps, progress) -> None:
+         threads, device, dtype, timestamps, progress) -> None:
     if threads:
         torch.set_num_threads(threads)
     p = load_preset(preset)
@@ -64,10 +65,11 @@ def _run(task: str, inputs, preset, model, language, output_dir, output_format, 
     found, bad = discover(_read_inputs(inputs))
     items = plan_outputs(found, output_dir)
     formats = list(FORMATS) if output_format == "all" else [output_format]
-    whisper = load_whisper(model or p.model, p.dtype)
+    engine = load_engine(p, model, dtype, language)
     summary = RunSummary()
     with BatchProgress(len(items), sum(_safe_duration(i.path) for i in items), progress) as bar:
-        outcomes = run_batch(whisper, items, opts, formats, overwrite, on_window=lambda _p, s: bar.window(s))
+        outcomes = run_batch(engine.model, items, opts, formats, overwrite, decode=engine.decode,
+                             on_window=lambda _p, s: bar.window(s))
         for outcome in itertools.chain(bad, outcomes):
             summary.add(outcome)
             if outcome.error:

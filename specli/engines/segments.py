@@ -58,6 +58,14 @@ def split_window(
     return segs, max(1, min(advance, window_frames))
 
 
+def completed_length(tokens: list[int], timestamp_begin: int) -> int:
+    """How many leading tokens belong to closed segments (the rest is re-decoded after the seek)."""
+    is_ts = [t >= timestamp_begin for t in tokens]
+    consecutive = [i for i in range(1, len(tokens)) if is_ts[i] and is_ts[i - 1]]
+    single_ending = len(tokens) >= 2 and not is_ts[-2] and is_ts[-1]
+    return len(tokens) if single_ending or not consecutive else consecutive[-1]
+
+
 def compression_ratio(text: str) -> float:
     """Bytes of the text over bytes of its zlib compression (Whisper's loop detector)."""
     data = text.encode("utf-8")
@@ -76,12 +84,20 @@ def trim_repetition(
 
     Blocks are compared on text tokens only (ids below ``timestamp_begin``), so a sentence looped
     as successive segments with different timestamps counts as repeated. Blocks of a single
-    token must repeat ``2 * min_repeats`` times (e.g. runs of dashes). The kept tokens end after
-    the first copy and the timestamp that closes it, if any. Returns the tokens and whether
-    anything was cut.
+    token must repeat ``2 * min_repeats`` times (e.g. runs of dashes). What is kept ends with one
+    copy of the block and, when the loop runs over segments, the timestamp that closes it.
+    Returns the tokens and whether anything was cut.
     """
     where = [i for i, t in enumerate(tokens) if t < timestamp_begin]  # positions of text tokens
-    text = [tokens[i] for i in where]
+    loop = find_loop([tokens[i] for i in where], max_period, min_repeats)
+    if loop is None:
+        return tokens, False
+    i, p = loop
+    return tokens[: _copy_end(tokens, where, i, p, timestamp_begin)], True
+
+
+def find_loop(text: list[int], max_period: int = 32, min_repeats: int = 4) -> tuple[int, int] | None:
+    """``(start, period)`` of the earliest block repeated ``min_repeats`` times in a row, or None."""
     n = len(text)
     for i in range(n):
         for p in range(1, min(max_period, (n - i) // min_repeats) + 1):
@@ -90,8 +106,19 @@ def trim_repetition(
                 continue
             block = text[i : i + p]
             if all(text[i + r * p : i + (r + 1) * p] == block for r in range(1, need)):
-                cut = where[i + p - 1] + 1
-                if cut < len(tokens) and tokens[cut] >= timestamp_begin:
-                    cut += 1
-                return tokens[:cut], True
-    return tokens, False
+                return i, p
+    return None
+
+
+def _copy_end(tokens: list[int], where: list[int], i: int, p: int, timestamp_begin: int) -> int:
+    """Index just past one copy of the loop found at text index ``i`` with period ``p``.
+
+    The earliest match may start mid-segment (e.g. at the full stop before a looped sentence);
+    the copy is then moved forward by fewer than ``p`` tokens, still one whole period, to end
+    where the loop's segments end: at a timestamp, which is kept to close the segment.
+    """
+    for e in range(i + p, i + 2 * p):
+        if where[e] - where[e - 1] > 1:  # timestamps between text tokens e - 1 and e
+            return where[e - 1] + 2
+    end = where[i + p - 1] + 1
+    return end + 1 if end < len(tokens) and tokens[end] >= timestamp_begin else end

@@ -105,8 +105,11 @@ def _verify_step(target, state, tokens, plen, proposal: DraftProposal, filt, opt
     out = target.score(state, scored, positions=positions, tree_mask=mask if n else None)
     prefixes = _row_prefixes(tokens[plen:], proposal)
     filtered = filt(out.logits[0], prefixes)  # [n+1, vocab]
-    u_accept = torch.rand(1, n, generator=gen, dtype=torch.float64).float()
-    u_sample = torch.rand(1, n + 1, generator=gen, dtype=torch.float64).float()
+    if options.sampling.greedy:  # greedy verification draws nothing
+        u_accept, u_sample = torch.zeros(1, n), torch.zeros(1, n + 1)
+    else:
+        u_accept = torch.rand(1, n, generator=gen, dtype=torch.float64).float()
+        u_sample = torch.rand(1, n + 1, generator=gen, dtype=torch.float64).float()
     length, path, nxt = verify(filtered[None], proposal, options.sampling.greedy, u_accept, u_sample)
     kept = [int(i) for i in path[0, : int(length[0])]]
     state.cache.compact(start, [start] + [start + 1 + i for i in kept])

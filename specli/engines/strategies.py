@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from functools import partial
 
 from specli.engines.drafters.base import Drafter
@@ -48,3 +49,20 @@ def build_decoder(preset: Preset, target: WhisperModel, language: str | None = N
     max_draft = min(preset.max_draft, 24)
     return partial(speculative_decode, drafter=build_drafter(preset, target, language),
                    options=SpecOptions(max_draft=max_draft))
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A loaded target and the window decoder its preset asks for."""
+
+    preset: Preset
+    model: WhisperModel
+    decode: Decoder
+
+
+def load_engine(preset: Preset, model: str | None = None, dtype: str | None = None,
+                language: str | None = None) -> Engine:
+    """Load the preset's target (or ``model``) in ``dtype`` and build its decoder."""
+    p = replace(preset, model=model or preset.model, dtype=dtype or preset.dtype)
+    whisper = load_whisper(p.model, p.dtype)
+    return Engine(p, whisper, build_decoder(p, whisper, language))

@@ -18,7 +18,8 @@ import numpy as np
 from specli.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, window_features
 from specli.engines.greedy import greedy_decode
 from specli.engines.language import detect_language
-from specli.engines.segments import compression_ratio, split_window, trim_repetition
+from specli.engines.segments import (compression_ratio, completed_length, find_loop, split_window,
+                                     trim_repetition)
 from specli.engines.targets.loader import WhisperModel
 from specli.engines.targets.whisper_rules import WhisperLogitRules
 from specli.engines.types import DecodeResult
@@ -71,6 +72,13 @@ class FileStats:
     decode_seconds: float = 0.0
     skipped_windows: int = 0  # windows dropped by the no-speech check
     trimmed_windows: int = 0  # windows cut by the repetition guard
+    draft_seconds: float = 0.0  # decode time in the drafter (speculative presets)
+    verify_seconds: float = 0.0  # decode time in target forwards + verification (speculative presets)
+    verify_steps: int = 0  # target forwards that verified a draft
+    drafted: int = 0  # draft tokens (tree nodes) proposed
+    accepted: int = 0  # draft tokens accepted
+    position_attempts: list[int] = field(default_factory=list)  # verify steps whose draft reached depth d+1
+    position_accepts: list[int] = field(default_factory=list)  # ... and of those, accepted at depth d+1
 
 
 @dataclass(frozen=True)
@@ -163,6 +171,18 @@ def _add_stats(stats: FileStats, res: DecodeResult) -> None:
     stats.tokens += res.stats.tokens
     stats.target_forwards += res.stats.target_forwards
     stats.decode_seconds += res.stats.decode_seconds
+    d = res.stats
+    stats.draft_seconds += d.draft_seconds
+    stats.verify_seconds += d.verify_seconds
+    stats.verify_steps += d.verify_steps
+    stats.drafted += d.drafted
+    stats.accepted += d.accepted
+    for i in range(len(d.position_attempts)):
+        if i == len(stats.position_attempts):
+            stats.position_attempts.append(0)
+            stats.position_accepts.append(0)
+        stats.position_attempts[i] += d.position_attempts[i]
+        stats.position_accepts[i] += d.position_accepts[i]
 
 
 def _window_segments(
@@ -174,11 +194,15 @@ def _window_segments(
     if res.no_speech_prob > opts.no_speech_threshold and avg_logprob < opts.logprob_threshold:
         stats.skipped_windows += 1
         return [], window_frames, []
-    tokens, trimmed = trim_repetition(res.tokens) if opts.repetition_guard else (res.tokens, False)
+    tokens, trimmed = (trim_repetition(res.tokens, timestamp_begin=sp.timestamp_begin)
+                       if opts.repetition_guard else (res.tokens, False))
     stats.trimmed_windows += int(trimmed)
     raw, advance = split_window(tokens, sp.timestamp_begin, window_frames)
-    if trimmed:
-        advance = window_frames
+    if trimmed:  # resume right after the kept copy of the loop
+        end = round(raw[-1].end * 100) if raw else 0
+        advance = end if 0 < end < window_frames else window_frames
+        if find_loop([t for t in res.tokens if t < sp.timestamp_begin])[0] == 0:
+            raw = []  # the window is nothing but a loop: a hallucination, dropped
     offset = seek * HOP_LENGTH / SAMPLE_RATE
     ratio = compression_ratio(tok.decode(tokens))
     segs = [
@@ -186,4 +210,5 @@ def _window_segments(
                 res.no_speech_prob, ratio)
         for r in raw
     ]
-    return [s for s in segs if s.text.strip()], advance, ([] if trimmed else tokens)
+    keep = [] if trimmed else tokens[: completed_length(tokens, sp.timestamp_begin)]
+    return [s for s in segs if s.text.strip()], advance, keep

@@ -55,11 +55,12 @@ class WhisperLogitRules:
             out[torch.tensor(begin_rows)[:, None], torch.tensor(self.begin_suppress_tokens)[None, :]] = NEG_INF
         if self.timestamps:
             for i, prefix in enumerate(prefixes):
-                self._timestamp_rules(out[i], prefix)
+                self._timestamp_masks(out[i], prefix)
+            self._force_timestamps(out)
         return out
 
-    def _timestamp_rules(self, row: torch.Tensor, seq: Sequence[int]) -> None:
-        """openai/whisper's ``ApplyTimestampRules`` on one row, in place."""
+    def _timestamp_masks(self, row: torch.Tensor, seq: Sequence[int]) -> None:
+        """openai/whisper's ``ApplyTimestampRules`` masks on one row, in place."""
         tb = self.timestamp_begin
         row[self.no_timestamps] = NEG_INF
         last_ts = len(seq) >= 1 and seq[-1] >= tb
@@ -77,6 +78,10 @@ class WhisperLogitRules:
             row[:tb] = NEG_INF  # the first sampled token is a timestamp
             if self.max_initial_timestamp_index is not None:
                 row[tb + self.max_initial_timestamp_index + 1 :] = NEG_INF
-        logprobs = torch.log_softmax(row.float(), dim=-1)
-        if torch.logsumexp(logprobs[tb:], dim=-1) > logprobs[:tb].max():
-            row[:tb] = NEG_INF  # timestamps together outweigh any text token
+
+    def _force_timestamps(self, out: torch.Tensor) -> None:
+        """Rows whose timestamp tokens together outweigh every text token must emit a timestamp."""
+        tb = self.timestamp_begin
+        logprobs = torch.log_softmax(out.float(), dim=-1)
+        force = torch.logsumexp(logprobs[:, tb:], dim=-1) > logprobs[:, :tb].max(dim=-1).values
+        out[force, :tb] = NEG_INF

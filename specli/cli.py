@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "presets": "specli.commands.presets:presets",
     "models": "specli.commands.presets:models",
     "bench": "specli.commands.bench:bench",
+    "distill": "specli.commands.distill:distill",
 }
 
 

@@ -104,6 +104,9 @@ def result_record(result: FileResult, source: str) -> dict:
             "decode_seconds": round(st.decode_seconds, 4),
             "skipped_windows": st.skipped_windows,
             "trimmed_windows": st.trimmed_windows,
+            "verify_steps": st.verify_steps,
+            "drafted": st.drafted,
+            "accepted": st.accepted,
         },
     }
 

@@ -7,6 +7,7 @@ from functools import partial
 
 from specli.engines.drafters.base import Drafter
 from specli.engines.drafters.cross_tokenizer import CrossTokenizerDrafter
+from specli.engines.drafters.eagle import EagleDrafter, load_head
 from specli.engines.drafters.model import ModelDrafter, ModelDraftOptions
 from specli.engines.drafters.ngram import NgramDrafter, NgramPool
 from specli.engines.drafters.recycling import RecyclingDrafter
@@ -37,6 +38,8 @@ def build_drafter(preset: Preset, target: WhisperModel, language: str | None = N
     elif preset.drafter == "cross-tokenizer":
         draft = load_whisper(preset.draft_model, preset.dtype)
         drafter = CrossTokenizerDrafter(draft, target, language or "en", _draft_options(preset))
+    elif preset.drafter == "eagle":
+        drafter = EagleDrafter(load_head(preset.head, target.target), _draft_options(preset))
     else:
         raise ValueError(f"preset {preset.name!r} has no drafter")
     return RecyclingDrafter(drafter) if preset.strategy == "recycling" else drafter

@@ -11,7 +11,7 @@ from typing import Literal, get_args
 from specli.errors import PresetError
 
 Strategy = Literal["ar", "chain", "adaptive", "recycling", "sparse-tree"]
-DrafterKind = Literal["none", "pool", "model", "cross-tokenizer"]
+DrafterKind = Literal["none", "pool", "model", "cross-tokenizer", "eagle"]
 DType = Literal["float32", "bfloat16"]
 
 
@@ -24,8 +24,9 @@ class Preset:
     description: str = ""  # one line shown by `specli presets`
     strategy: Strategy = "ar"  # "ar" = plain greedy; the others draft and verify (lossless)
     dtype: DType = "float32"  # numeric type of the target's weights and activations
-    drafter: DrafterKind = "none"  # pool = n-gram pool of earlier hypotheses; model / cross-tokenizer
+    drafter: DrafterKind = "none"  # pool = n-gram pool of earlier hypotheses; model / cross-tokenizer / eagle
     draft_model: str = ""  # the drafter's model, for drafter = model or cross-tokenizer
+    head: str = ""  # eagle: directory or shipped name of a trained Speech-Draft head (`specli distill train`)
     max_draft: int = 8  # most draft tokens (tree nodes) per target forward (hard cap 24 for adaptive)
     confidence_threshold: float = 0.0  # adaptive: the drafter stops below this probability
     tree_topk: int = 2  # sparse-tree: alternatives added at each low-confidence position
@@ -51,6 +52,8 @@ class Preset:
             raise bad("strategy 'ar' takes drafter 'none'; every other strategy needs a drafter")
         if self.drafter in ("model", "cross-tokenizer") and not self.draft_model:
             raise bad(f"drafter {self.drafter!r} needs 'draft_model'")
+        if (self.drafter == "eagle") != bool(self.head):
+            raise bad("drafter 'eagle' needs 'head', and 'head' is for drafter 'eagle' only")
         if self.strategy == "adaptive" and (self.drafter == "pool" or self.confidence_threshold <= 0):
             raise bad("strategy 'adaptive' needs a model drafter and confidence_threshold > 0")
         if self.strategy == "sparse-tree" and (self.drafter == "pool" or self.tree_topk < 1):

@@ -1,0 +1,140 @@
+"""On-policy distillation data for EAGLE heads: the target's own greedy transcripts, window by window.
+
+Each input file is transcribed exactly as inference decodes it (``transcribe_stream`` with default
+options and plain greedy decoding, so conditioning on previous text, timestamps and seeking are the
+same), recording every window's encoder output, prompt and sampled tokens (eot included when the
+window finished). One extra target ``score`` over the whole sequence gives the low / mid / last
+decoder hidden states of every position.
+
+Shards (``shard-NNNNN.pt``, one per input file, written atomically with ``torch.save`` of plain
+tensors and ints only; read back with ``torch.load(weights_only=True)``) hold per window:
+
+* ``tokens`` int64 ``[T]``: prompt + sampled (+ eot), ``plen`` int: prompt length;
+* ``audio`` fp16 ``[audio_ctx, d]``: the encoder output the head cross-attends to (recomputing it
+  from mel would cost an encoder forward per window per epoch);
+* ``low`` / ``mid`` / ``last`` fp16 ``[T, d]``: the target's hidden states of every row.
+
+Per window that is ``audio_ctx * d * 2 + 3 * T * d * 2`` bytes: 1.15 MB + 2.3 KB/token for
+tiny (d=384), 1.5 MB + 3 KB/token for base (d=512). ``manifest.json`` lists the finished inputs;
+a rerun skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specli.audio import iter_audio_chunks
+from specli.engines.drafters.eagle import target_fingerprint
+from specli.engines.greedy import greedy_decode
+from specli.engines.targets.loader import WhisperModel
+from specli.engines.transcription import TranscribeOptions, transcribe_stream
+from specli.errors import SpecliError
+
+MANIFEST = "manifest.json"
+Progress = Callable[[str, int, int], None]  # (message, files done, files total)
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """What one ``generate`` call did."""
+
+    done: int  # inputs processed now
+    skipped: int  # inputs already in the manifest
+    windows: int  # windows written now
+
+
+def _atomic_write_bytes(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def read_manifest(out: Path, model: WhisperModel | None = None) -> dict:
+    """The manifest of ``out`` (empty when new); refuses one made with another target."""
+    path = out / MANIFEST
+    manifest = json.loads(path.read_text()) if path.is_file() else {"done": {}, "next_shard": 0}
+    if model is not None:
+        fp = target_fingerprint(model.target.dims)
+        if manifest.setdefault("fingerprint", fp) != fp:
+            raise SpecliError(f"{out}: data was generated with another target ({manifest.get('model')!r})")
+        manifest.setdefault("model", model.name)
+    return manifest
+
+
+def _write_manifest(out: Path, manifest: dict) -> None:
+    _atomic_write_bytes(out / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1, sort_keys=True)))
+
+
+def _recording_decoder(windows: list[dict]):
+    """``greedy_decode`` that also records each window's encoder output, prompt and tokens."""
+
+    def decode(target, state, prompt, rules, eot, max_new, no_speech=None, sot_index=0):
+        res = greedy_decode(target, state, prompt, rules, eot, max_new, no_speech, sot_index)
+        tokens = list(prompt) + res.tokens + ([eot] if res.finished else [])
+        windows.append({"audio": state.audio_features[0], "tokens": tokens, "plen": len(prompt)})
+        return res
+
+    return decode
+
+
+def window_record(model: WhisperModel, audio: torch.Tensor, tokens: list[int], plen: int) -> dict:
+    """One window's shard record: tokens, encoder output and the hidden states of every row (fp16)."""
+    target = model.target
+    tokens = tokens[: target.dims.text_ctx]
+    state = target.start(audio[None])
+    out = target.score(state, torch.tensor([tokens]))
+    h = out.hidden
+    return {
+        "tokens": torch.tensor(tokens, dtype=torch.long), "plen": plen, "audio": audio.half().clone(),
+        "low": h.low[0].half().clone(), "mid": h.mid[0].half().clone(), "last": h.last[0].half().clone(),
+    }
+
+
+def file_records(model: WhisperModel, path: Path, opts: TranscribeOptions = TranscribeOptions()) -> list[dict]:
+    """Transcribe ``path`` greedily as inference does and return its windows' records."""
+    windows: list[dict] = []
+    transcribe_stream(model, iter_audio_chunks(path), opts, decode=_recording_decoder(windows))
+    return [window_record(model, w["audio"], w["tokens"], w["plen"]) for w in windows]
+
+
+def generate(
+    inputs: Sequence[Path], model: WhisperModel, out: Path, progress: Progress | None = None
+) -> DataSummary:
+    """Write one shard per input not yet in ``out``'s manifest; the manifest is updated after each."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = read_manifest(out, model)
+    done = skipped = windows = 0
+    for i, path in enumerate(inputs):
+        key = str(Path(path).resolve())
+        if key in manifest["done"]:
+            skipped += 1
+            continue
+        records = file_records(model, Path(path))
+        shard = f"shard-{manifest['next_shard']:05d}.pt"
+        _atomic_write_bytes(out / shard, lambda p, r=records: torch.save({"windows": r}, p))
+        manifest["done"][key] = {"shard": shard, "windows": len(records)}
+        manifest["next_shard"] += 1
+        _write_manifest(out, manifest)
+        done += 1
+        windows += len(records)
+        if progress is not None:
+            progress(f"{path}: {len(records)} window(s) -> {shard}", i + 1, len(inputs))
+    _write_manifest(out, manifest)
+    return DataSummary(done, skipped, windows)
+
+
+def load_windows(data_dir: Path) -> list[dict]:
+    """Every window record of the shards listed in ``data_dir``'s manifest (in manifest order)."""
+    manifest = read_manifest(data_dir)
+    if not manifest["done"]:
+        raise SpecliError(f"{data_dir}: no distillation shards (run `specli distill data` first)")
+    windows: list[dict] = []
+    for entry in sorted(manifest["done"].values(), key=lambda e: e["shard"]):
+        windows += torch.load(data_dir / entry["shard"], weights_only=True)["windows"]
+    return windows

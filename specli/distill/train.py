@@ -1,0 +1,243 @@
+"""Train an EAGLE Speech-Draft head on ``specli distill data`` shards.
+
+Unrolled multi-step training (EAGLE-3 "training-time test"): from every start row ``p`` of a window
+(the target state that predicted the pending token ``t[p+1]``), the head drafts ``K`` steps. Step 1
+reads the target's low / mid / last states of row ``p``; steps 2..K read the head's *own* output of
+the previous step (never the target's states of later rows) with the embedding of the target's token
+at that position (teacher-forced tokens, on-policy labels). Step ``k`` predicts ``t[p+k+1]``; the
+loss is ``sum_k beta**(k-1) * CE_k`` (each CE a mean over the valid rows), optimised with AdamW.
+
+Checkpoints (head + optimizer + position) are written every ``checkpoint_every`` steps under
+``OUT/checkpoints`` and training resumes from the latest. Validation acceptance length (tau, tokens
+per target forward, bonus included) is measured each epoch by running the real
+:func:`~specli.engines.speculative.speculative_decode` with an :class:`EagleDrafter` (greedy, chain)
+against the target on held-out windows; its output is checked against the recorded greedy tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specli.engines.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead, save_head
+from specli.engines.speculative import SpecOptions, speculative_decode
+from specli.engines.targets.loader import WhisperModel
+from specli.engines.targets.whisper_rules import WhisperLogitRules
+from specli.engines.types import DecodeStats
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How to train a head."""
+
+    epochs: int = 1  # passes over the training windows
+    steps: int = 0  # stop after this many optimizer steps in all (0 = no limit)
+    lr: float = 3e-4  # AdamW learning rate
+    batch: int = 4  # windows per optimizer step
+    unroll: int = 7  # K: draft steps unrolled per start row
+    beta: float = 0.8  # weight of step k is beta ** (k - 1)
+    max_starts: int = 64  # start rows sampled per window per step (bounds the LM-head cost)
+    checkpoint_every: int = 100  # optimizer steps between checkpoints
+    val_windows: int = 16  # held-out windows decoded for the acceptance length (0 = none)
+    val_max_draft: int = 8  # max_draft of the validation decode
+    seed: int = 0  # seed of the window order and start sampling
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.steps < 0 or self.batch < 1 or self.unroll < 1 or self.max_starts < 1:
+            raise ValueError("epochs, batch, unroll and max_starts must be >= 1; steps >= 0")
+        if not 0.0 < self.beta <= 1.0 or self.lr <= 0:
+            raise ValueError("beta must be within (0, 1] and lr > 0")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Unrolled training examples of ``B`` windows, ``S`` start rows each, ``K`` steps."""
+
+    low: torch.Tensor  # [B, S, d] target states of the start rows
+    mid: torch.Tensor  # [B, S, d]
+    last: torch.Tensor  # [B, S, d]
+    tokens: torch.Tensor  # [B, S, K] input token of each step (t[p+k])
+    positions: torch.Tensor  # [B, S, K] its decoder position (p+k)
+    labels: torch.Tensor  # [B, S, K] target token of each step (t[p+k+1]), -100 where none
+    audio: torch.Tensor  # [B, A, d] encoder outputs
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    """What ``train`` did."""
+
+    steps: int  # optimizer steps taken in all (resumed ones included)
+    last_loss: float  # loss of the last step
+    val_acceptance: float | None  # acceptance length on the held-out windows after the last epoch
+    head_dir: Path  # where the head was saved
+    seconds_per_step: float  # mean wall time of this run's steps
+
+
+def start_rows(window: dict) -> list[int]:
+    """Rows ``p`` whose pending token ``t[p+1]`` is the prompt's last token or a sampled one."""
+    n, plen = len(window["tokens"]), int(window["plen"])
+    return list(range(max(plen - 2, 0), n - 2))
+
+
+def make_batch(windows: list[dict], unroll: int, max_starts: int, gen: torch.Generator | None = None) -> Batch:
+    """Gather start rows (at most ``max_starts`` per window, sampled) into padded tensors."""
+    rows = []
+    for w in windows:
+        starts = torch.tensor(start_rows(w), dtype=torch.long)
+        if len(starts) > max_starts:
+            starts = starts[torch.randperm(len(starts), generator=gen)[:max_starts]].sort().values
+        rows.append(starts)
+    b, s, d = len(windows), max(1, max(len(r) for r in rows)), windows[0]["last"].shape[-1]
+    low, mid, last = (torch.zeros(b, s, d) for _ in range(3))
+    tokens = torch.zeros(b, s, unroll, dtype=torch.long)
+    positions = torch.zeros(b, s, unroll, dtype=torch.long)
+    labels = torch.full((b, s, unroll), -100, dtype=torch.long)
+    steps = torch.arange(1, unroll + 1)
+    for i, (w, starts) in enumerate(zip(windows, rows)):
+        n = len(starts)
+        if not n:
+            continue
+        t = w["tokens"]
+        for name, dst in (("low", low), ("mid", mid), ("last", last)):
+            dst[i, :n] = w[name][starts].float()
+        pos = starts[:, None] + steps[None]  # [n, K] position of each step's input token
+        valid_in, valid_out = pos < len(t), pos + 1 < len(t)
+        tokens[i, :n] = torch.where(valid_in, t[pos.clamp(max=len(t) - 1)], 0)
+        positions[i, :n] = pos.clamp(max=len(t) - 1)
+        labels[i, :n] = torch.where(valid_out, t[(pos + 1).clamp(max=len(t) - 1)], -100)
+    audio = torch.stack([w["audio"].float() for w in windows])
+    return Batch(low, mid, last, tokens, positions, labels, audio)
+
+
+def unrolled_loss(head: SpeechDraftHead, batch: Batch, beta: float) -> tuple[torch.Tensor, list[float]]:
+    """``sum_k beta**(k-1) * CE_k`` over ``K`` unrolled steps, and each step's CE."""
+    cross = head.cross_kv(batch.audio)
+    x = head.first_input(batch.low, batch.mid, batch.last, batch.tokens[..., 0], batch.positions[..., 0])
+    past: tuple[torch.Tensor, torch.Tensor] | None = None
+    total = torch.zeros(())
+    per_step: list[float] = []
+    unroll = batch.tokens.shape[-1]
+    for k in range(unroll):
+        out, kk, vv = head.block(x, past, cross)
+        past = (kk, vv) if past is None else (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2))
+        labels = batch.labels[..., k]
+        if bool((labels >= 0).any()):
+            ce = F.cross_entropy(head.logits(out).flatten(0, 1), labels.flatten(), ignore_index=-100)
+            total = total + beta**k * ce
+            per_step.append(float(ce))
+        if k + 1 < unroll:  # the head's own output feeds the next step
+            x = head.next_input(out, batch.tokens[..., k + 1], batch.positions[..., k + 1])
+    return total, per_step
+
+
+def validate(head: SpeechDraftHead, model: WhisperModel, windows: list[dict], max_draft: int = 8) -> tuple[float, int]:
+    """Acceptance length of real greedy speculative decoding on ``windows``; and how many decoded
+    differently from the recorded greedy tokens (must be 0: decoding is lossless)."""
+    head.eval()
+    sp, target = model.special, model.target
+    stats, mismatched = DecodeStats(), 0
+    drafter = EagleDrafter(head)
+    for w in windows:
+        tokens, plen = w["tokens"].tolist(), int(w["plen"])
+        prompt = tokens[:plen]
+        rules = WhisperLogitRules.for_model(sp, timestamps=prompt[-1] != sp.no_timestamps)
+        state = target.start(w["audio"][None].to(target.dtype))
+        max_new = min(224, target.dims.text_ctx - plen)
+        res = speculative_decode(target, state, prompt, rules, sp.eot, max_new, sp.no_speech,
+                                 prompt.index(sp.sot), drafter=drafter, options=SpecOptions(max_draft=max_draft))
+        expected = [t for t in tokens[plen:] if t != sp.eot]
+        mismatched += int(res.tokens != expected)
+        stats.merge(res.stats)
+    head.train()
+    return stats.acceptance_length, mismatched
+
+
+def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    found = sorted(ckpt_dir.glob("ckpt-*.pt"))
+    return found[-1] if found else None
+
+
+def _save_checkpoint(ckpt_dir: Path, head, opt, step: int, epoch: int, batch_index: int) -> None:
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    path = ckpt_dir / f"ckpt-{step:08d}.pt"
+    state = {"head": head.state_dict(), "optim": opt.state_dict(), "step": step, "epoch": epoch,
+             "batch_index": batch_index}
+    torch.save(state, path.with_name(path.name + ".tmp"))
+    path.with_name(path.name + ".tmp").replace(path)
+    for old in sorted(ckpt_dir.glob("ckpt-*.pt"))[:-2]:  # keep the two latest
+        old.unlink()
+
+
+def _resume(ckpt_dir: Path, head, opt) -> tuple[int, int, int]:
+    """Load the latest checkpoint, if any: (step, epoch, batches done in that epoch)."""
+    latest = _latest_checkpoint(ckpt_dir)
+    if latest is None:
+        return 0, 0, 0
+    state = torch.load(latest, weights_only=True)
+    head.load_state_dict(state["head"])
+    opt.load_state_dict(state["optim"])
+    return int(state["step"]), int(state["epoch"]), int(state["batch_index"])
+
+
+def _training_info(opts: TrainOptions, step: int, loss: float, val: float | None, n_windows: int) -> dict:
+    return {"steps": step, "epochs": opts.epochs, "lr": opts.lr, "batch": opts.batch, "unroll": opts.unroll,
+            "beta": opts.beta, "max_starts": opts.max_starts, "last_loss": loss, "val_acceptance": val,
+            "train_windows": n_windows}
+
+
+def train(
+    windows: list[dict], model: WhisperModel, out: Path, options: TrainOptions = TrainOptions(),
+    val_windows: list[dict] | None = None, progress: Progress | None = None,
+) -> TrainSummary:
+    """Train (or resume training) a head for ``model`` on ``windows``; save it under ``out``."""
+    windows = [w for w in windows if start_rows(w)]
+    if not windows:
+        raise ValueError("no training window has a sampled token to predict")
+    head = SpeechDraftHead(EagleConfig.for_target(model.target, model.name), model.target).train()
+    opt = torch.optim.AdamW(head.parameters(), lr=options.lr)
+    ckpt_dir = out / "checkpoints"
+    step, epoch0, skip = _resume(ckpt_dir, head, opt)
+    loss_v, val, spent, taken = float("nan"), None, 0.0, 0
+    val_set = (val_windows or [])[: options.val_windows]
+    for epoch in range(epoch0, options.epochs):
+        order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(options.seed + epoch))
+        stopped = False
+        for bi, i in enumerate(range(0, len(order), options.batch)):
+            if epoch == epoch0 and bi < skip:
+                continue
+            if options.steps and step >= options.steps:  # step budget spent: resumable from here
+                _save_checkpoint(ckpt_dir, head, opt, step, epoch, bi)
+                stopped = True
+                break
+            gen = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
+            t0 = time.perf_counter()
+            batch = make_batch([windows[int(j)] for j in order[i : i + options.batch]], options.unroll,
+                               options.max_starts, gen)
+            loss, per_step = unrolled_loss(head, batch, options.beta)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step, loss_v = step + 1, float(loss)
+            spent, taken = spent + time.perf_counter() - t0, taken + 1
+            if progress is not None:
+                progress(f"epoch {epoch + 1} step {step}: loss {loss_v:.4f} "
+                         f"(per step {', '.join(f'{c:.2f}' for c in per_step)})")
+            if step % options.checkpoint_every == 0:
+                _save_checkpoint(ckpt_dir, head, opt, step, epoch, bi + 1)
+        if val_set:
+            val, bad = validate(head, model, val_set, options.val_max_draft)
+            if progress is not None:
+                progress(f"epoch {epoch + 1}: validation acceptance length {val:.3f} on {len(val_set)} "
+                         f"window(s); {bad} decoded differently from the recorded greedy tokens")
+        if stopped:
+            break
+        _save_checkpoint(ckpt_dir, head, opt, step, epoch + 1, 0)
+    head_dir = save_head(head, out, _training_info(options, step, loss_v, val, len(windows)))
+    return TrainSummary(step, loss_v, val, head_dir, spent / max(taken, 1))

@@ -1,0 +1,264 @@
+"""EAGLE-ASR Speech-Draft head: a one-block drafter that reads the target's own hidden states.
+
+Design (see ``docs`` of the issue "EAGLE-ASR Speech-Draft drafter"):
+
+* **First step.** The target state that predicted the pending token is fused from three depths,
+  ``f = fuse([low; mid; last])`` (Linear 3d -> d), then combined with the embedding of the pending
+  token, ``x = combine([f; e(pending)])`` (Linear 2d -> d). ``e(t)`` is the target's frozen token
+  embedding plus its frozen positional embedding at the token's decoder position, exactly what
+  the target's own decoder reads.
+* **Later steps.** ``x = combine([h; e(draft)])`` with ``h`` the head's own previous output (the
+  block's residual stream, before the output norm). The first step and the later steps share
+  ``combine``: the fused target state plays the role of the head's "previous hidden state".
+* **Block.** One pre-norm Transformer decoder block: causal self-attention over the head's own
+  draft steps (a small preallocated :class:`~specli.engines.kv_cache.KVCache`, reset every
+  proposal), cross-attention to the target's encoder output (K/V once per window), an MLP.
+* **Output.** The head's own trainable LayerNorm (initialised from the target's final layer norm)
+  then the target's frozen vocabulary projection: ``logits = proj_out(ln_out(h))`` (as EAGLE, the
+  target's LM head reads a state in the space of its final-normed hidden state).
+
+Token embedding, positional embedding and LM head are shared with the target, frozen, and never
+stored in the head's checkpoint (non-persistent buffers, passed in at load).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from specli.engines.drafters.base import EMPTY, DraftProposal, DraftRequest
+from specli.engines.drafters.model import ModelDraftOptions, _one_hot
+from specli.engines.kv_cache import KVCache
+from specli.engines.logits import sample_inverse_cdf
+from specli.engines.targets.whisper import DecoderState, WhisperDims, WhisperTarget
+from specli.errors import ModelLoadError
+
+FORMAT = "specli-eagle-head/1"
+MAX_STEPS = 32  # draft steps the head's self-attention cache holds (max_draft is capped at 24)
+
+
+def target_fingerprint(dims: WhisperDims) -> str:
+    """A short hash of the target's architecture and vocabulary (what a head depends on)."""
+    return hashlib.sha256(json.dumps(asdict(dims), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """Sizes of a Speech-Draft head and the target it was built for."""
+
+    d_model: int  # hidden size (= the target decoder's)
+    heads: int  # attention heads of the block
+    ffn: int  # MLP hidden size
+    vocab: int  # vocabulary size of the shared LM head
+    text_ctx: int  # decoder positions of the shared positional embedding
+    target_model: str  # name of the target it was trained against (informative)
+    target_fingerprint: str  # target_fingerprint(dims) of that target (checked at load)
+    max_steps: int = MAX_STEPS  # draft steps per proposal the self-attention cache holds
+
+    @classmethod
+    def for_target(cls, target: WhisperTarget, name: str) -> EagleConfig:
+        d = target.dims
+        return cls(d.d_model, d.decoder_heads, 4 * d.d_model, d.vocab, d.text_ctx, name, target_fingerprint(d))
+
+
+class SpeechDraftHead(nn.Module):
+    """Fusion layers + one decoder block + output norm; the target's embeddings and LM head frozen."""
+
+    def __init__(self, cfg: EagleConfig, target: WhisperTarget) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.cfg = cfg
+        self.fuse = nn.Linear(3 * d, d)
+        self.combine = nn.Linear(2 * d, d)
+        self.ln_self, self.ln_cross, self.ln_mlp = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.cross_q, self.cross_kv_proj, self.cross_out = nn.Linear(d, d), nn.Linear(d, 2 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, cfg.ffn), nn.Linear(cfg.ffn, d)
+        self.ln_out = nn.LayerNorm(d)
+        with torch.no_grad():
+            self.ln_out.weight.copy_(target.dec_ln[0].float())
+            self.ln_out.bias.copy_(target.dec_ln[1].float())
+        self.register_buffer("embed", target.embed.detach().float().clone(), persistent=False)  # [V, d]
+        self.register_buffer("dec_pos", target.dec_pos.detach().float().clone(), persistent=False)  # [ctx, d]
+        lm = target.proj_out.weight
+        self.register_buffer("lm_head", lm.detach().float().clone(), persistent=False)  # [V, d]
+
+    def embed_tokens(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The target's input embedding: token + position, ``[...] -> [..., d]``."""
+        return self.embed[tokens] + self.dec_pos[positions.clamp(max=self.cfg.text_ctx - 1)]
+
+    def first_input(self, low, mid, last, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Step one: fuse the target's states ``[..., d]`` x3, combine with the pending token."""
+        fused = self.fuse(torch.cat([low.float(), mid.float(), last.float()], -1))
+        return self.combine(torch.cat([fused, self.embed_tokens(tokens, positions)], -1))
+
+    def next_input(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Later steps: the head's own previous output with the previous draft token."""
+        return self.combine(torch.cat([hidden, self.embed_tokens(tokens, positions)], -1))
+
+    def cross_kv(self, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention K/V of a window's encoder output ``[B, A, d]`` -> ``[B, H, A, hd]`` x2."""
+        k, v = self.cross_kv_proj(audio.float()).chunk(2, -1)
+        return _heads(k, self.cfg.heads), _heads(v, self.cfg.heads)
+
+    def block(
+        self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None, cross: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step for ``[B, S, d]`` independent drafts (S per window); ``past`` is ``[B*S, H, k, hd]``.
+
+        Returns the block output ``[B, S, d]`` and this step's self-attention K/V ``[B*S, H, 1, hd]``.
+        """
+        b, s, d = x.shape
+        h = self.cfg.heads
+        q, k, v = (t.reshape(b * s, 1, h, d // h).transpose(1, 2) for t in self.qkv(self.ln_self(x)).chunk(3, -1))
+        k_all, v_all = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        att = F.scaled_dot_product_attention(q, k_all, v_all)  # [B*S, H, 1, hd]
+        x = x + self.out(att.transpose(1, 2).reshape(b, s, d))
+        cq = _heads(self.cross_q(self.ln_cross(x)), h)  # [B, H, S, hd]
+        ca = F.scaled_dot_product_attention(cq, *cross)
+        x = x + self.cross_out(ca.transpose(1, 2).reshape(b, s, d))
+        x = x + self.fc2(F.gelu(self.fc1(self.ln_mlp(x))))
+        return x, k, v
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Shared, frozen LM head over the head's normed output: ``[..., d] -> [..., V]``."""
+        return F.linear(self.ln_out(hidden), self.lm_head)
+
+
+def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    b, n, d = x.shape
+    return x.view(b, n, heads, d // heads).transpose(1, 2)
+
+
+def save_head(head: SpeechDraftHead, out: str | Path, training: dict | None = None) -> Path:
+    """Write ``model.safetensors`` (the head's own weights only) and ``config.json``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"))
+    meta = {"format": FORMAT, "config": asdict(head.cfg), "training": training or {}}
+    tmp = out / "config.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
+    tmp.replace(out / "config.json")
+    return out
+
+
+def resolve_head(name_or_path: str) -> Path:
+    """A head directory by path, or a head shipped with specli (``specli/heads/<name>``)."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    shipped = resources.files("specli") / "heads" / name_or_path
+    if shipped.is_dir():
+        return Path(str(shipped))
+    raise ModelLoadError(f"EAGLE head {name_or_path!r}: no such directory and no shipped head of that name")
+
+
+def load_head(name_or_path: str | Path, target: WhisperTarget) -> SpeechDraftHead:
+    """Load a head for ``target``; refuses a head trained against another architecture or vocabulary."""
+    path = resolve_head(str(name_or_path))
+    try:
+        meta = json.loads((path / "config.json").read_text())
+        weights = load_file(str(path / "model.safetensors"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"EAGLE head {path}: cannot read config.json / model.safetensors: {exc}") from exc
+    if meta.get("format") != FORMAT:
+        raise ModelLoadError(f"EAGLE head {path}: unknown format {meta.get('format')!r}")
+    cfg = EagleConfig(**meta["config"])
+    if cfg.target_fingerprint != target_fingerprint(target.dims):
+        raise ModelLoadError(
+            f"EAGLE head {path} was trained for {cfg.target_model!r} (fingerprint {cfg.target_fingerprint}), "
+            f"which does not match this target (fingerprint {target_fingerprint(target.dims)})"
+        )
+    head = SpeechDraftHead(cfg, target)
+    head.load_state_dict(weights, strict=True)
+    return head.eval()
+
+
+class EagleDrafter:
+    """Drafts a chain with a :class:`SpeechDraftHead`; adaptive length and sparse tree as ModelDrafter."""
+
+    def __init__(self, head: SpeechDraftHead, options: ModelDraftOptions = ModelDraftOptions()) -> None:
+        self.head = head.eval()
+        self.options = options
+        cfg = head.cfg
+        self._cache = KVCache(1, 1, cfg.heads, cfg.max_steps, cfg.d_model // cfg.heads)
+        self._cross: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @torch.inference_mode()
+    def start(self, state: DecoderState, prompt: list[int]) -> None:
+        self._cross = self.head.cross_kv(state.audio_features)  # once per window
+
+    def _step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head step for a single draft ``x [1, 1, d]``: (hidden [1, 1, d], logits [V])."""
+        n = self._cache.length
+        past = self._cache.view(0, n) if n else None
+        out, k, v = self.head.block(x, past, self._cross)
+        self._cache.write(0, n, k, v)
+        self._cache.length = n + 1
+        return out, self.head.logits(out)[0, -1]
+
+    @torch.inference_mode()
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        if request.hidden is None or request.budget < 1 or self._cross is None:
+            return EMPTY
+        opts, head = self.options, self.head
+        pos = len(request.tokens) - 1  # decoder position of the pending token
+        hid = request.hidden
+        x = head.first_input(hid.low[:, -1:], hid.mid[:, -1:], hid.last[:, -1:],
+                             torch.tensor([[request.tokens[-1]]]), torch.tensor([[pos]]))
+        self._cache.length = 0
+        sampled = request.tokens[request.prompt_len :]
+        draft: list[int] = []
+        conf: list[float] = []
+        q_rows, alts = [], []
+        budget = min(request.budget, head.cfg.max_steps)
+        while len(draft) < budget:
+            out, logits = self._step(x)
+            probs = request.filter(logits[None], [sampled + draft]).softmax(-1)[0]
+            if request.greedy:
+                tok = int(probs.argmax())
+            else:
+                u = torch.rand(1, generator=request.generator, dtype=torch.float64).float()
+                tok = int(sample_inverse_cdf(probs[None], u)[0])
+            p = float(probs[tok])
+            if not math.isfinite(p) or (draft and p < opts.confidence_threshold):
+                break
+            draft.append(tok)
+            conf.append(p)
+            q_rows.append(None if request.greedy else probs)
+            alts.append(probs.topk(opts.tree_topk + 1).indices.tolist() if opts.tree_topk else [])
+            x = head.next_input(out, torch.tensor([[tok]]), torch.tensor([[pos + len(draft)]]))
+        return sparse_tree(draft, conf, q_rows, alts, budget, self.options)
+
+    def commit(self, tokens: list[int]) -> None:
+        """Nothing to keep: every proposal starts from the target's latest hidden state."""
+
+
+def sparse_tree(draft, conf, q_rows, alts, budget: int, options: ModelDraftOptions) -> DraftProposal:
+    """The chain, plus alternative leaves at low-confidence positions (as ``ModelDrafter._proposal``)."""
+    tokens, parents, confs, q = list(draft), list(range(-1, len(draft) - 1)), list(conf), list(q_rows)
+    for pos, c in enumerate(conf):
+        if not options.tree_topk or c >= options.tree_threshold:
+            continue
+        for alt in alts[pos]:
+            if alt != draft[pos] and len(tokens) < budget:
+                tokens.append(alt)
+                parents.append(pos - 1)
+                confs.append(0.0)
+                q.append(None)
+    q_t = None
+    if q and q[0] is not None:  # sampling: chain rows are q, alternatives are point masses
+        vocab = q[0].shape[0]
+        q_t = torch.stack([r if r is not None else _one_hot(t, vocab) for r, t in zip(q, tokens)])
+    return DraftProposal(tokens, parents, confs, q_t)

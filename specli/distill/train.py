@@ -48,6 +48,8 @@ class TrainOptions:
     val_windows: int = 16  # held-out windows decoded for the acceptance length (0 = none)
     val_max_draft: int = 8  # max_draft of the validation decode
     seed: int = 0  # seed of the window order and start sampling
+    clip: float = 1.0  # gradient-norm clipping
+    warmup: int = 50  # optimizer steps of linear learning-rate warm-up (from the step count: resumable)
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.steps < 0 or self.batch < 1 or self.unroll < 1 or self.max_starts < 1:
@@ -131,7 +133,7 @@ def unrolled_loss(head: SpeechDraftHead, batch: Batch, beta: float) -> tuple[tor
         if bool((labels >= 0).any()):
             ce = F.cross_entropy(head.logits(out).flatten(0, 1), labels.flatten(), ignore_index=-100)
             total = total + beta**k * ce
-            per_step.append(float(ce))
+            per_step.append(float(ce.detach()))
         if k + 1 < unroll:  # the head's own output feeds the next step
             x = head.next_input(out, batch.tokens[..., k + 1], batch.positions[..., k + 1])
     return total, per_step
@@ -207,6 +209,8 @@ def train(
     loss_v, val, spent, taken = float("nan"), None, 0.0, 0
     val_set = (val_windows or [])[: options.val_windows]
     for epoch in range(epoch0, options.epochs):
+        if options.steps and step >= options.steps:
+            break
         order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(options.seed + epoch))
         stopped = False
         for bi, i in enumerate(range(0, len(order), options.batch)):
@@ -220,11 +224,14 @@ def train(
             t0 = time.perf_counter()
             batch = make_batch([windows[int(j)] for j in order[i : i + options.batch]], options.unroll,
                                options.max_starts, gen)
+            for group in opt.param_groups:
+                group["lr"] = options.lr * min(1.0, (step + 1) / max(options.warmup, 1))
             loss, per_step = unrolled_loss(head, batch, options.beta)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), options.clip)
             opt.step()
-            step, loss_v = step + 1, float(loss)
+            step, loss_v = step + 1, float(loss.detach())
             spent, taken = spent + time.perf_counter() - t0, taken + 1
             if progress is not None:
                 progress(f"epoch {epoch + 1} step {step}: loss {loss_v:.4f} "

@@ -3,12 +3,13 @@
 Design (see ``docs`` of the issue "EAGLE-ASR Speech-Draft drafter"):
 
 * **First step.** The target state that predicted the pending token is fused from three depths,
-  ``f = fuse([low; mid; last])`` (Linear 3d -> d), then combined with the embedding of the pending
+  ``f = fuse([LN(low); LN(mid); LN(last)])`` (Linear 3d -> d; the head's own LayerNorms, because
+  Whisper's intermediate residual streams are large and made the first AdamW steps diverge), then combined with the embedding of the pending
   token, ``x = combine([f; e(pending)])`` (Linear 2d -> d). ``e(t)`` is the target's frozen token
   embedding plus its frozen positional embedding at the token's decoder position, exactly what
   the target's own decoder reads.
-* **Later steps.** ``x = combine([h; e(draft)])`` with ``h`` the head's own previous output (the
-  block's residual stream, before the output norm). The first step and the later steps share
+* **Later steps.** ``x = combine([LN(h); e(draft)])`` with ``h`` the head's own previous output
+  (the block's residual stream, before the output norm). The first step and the later steps share
   ``combine``: the fused target state plays the role of the head's "previous hidden state".
 * **Block.** One pre-norm Transformer decoder block: causal self-attention over the head's own
   draft steps (a small preallocated :class:`~specli.engines.kv_cache.KVCache`, reset every
@@ -77,7 +78,9 @@ class SpeechDraftHead(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.cfg = cfg
+        self.ln_fuse = nn.ModuleList(nn.LayerNorm(d) for _ in range(3))  # low / mid residual streams are large
         self.fuse = nn.Linear(3 * d, d)
+        self.ln_rec = nn.LayerNorm(d)  # the head's own residual stream, before it re-enters
         self.combine = nn.Linear(2 * d, d)
         self.ln_self, self.ln_cross, self.ln_mlp = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d)
@@ -99,12 +102,12 @@ class SpeechDraftHead(nn.Module):
 
     def first_input(self, low, mid, last, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Step one: fuse the target's states ``[..., d]`` x3, combine with the pending token."""
-        fused = self.fuse(torch.cat([low.float(), mid.float(), last.float()], -1))
+        fused = self.fuse(torch.cat([ln(h.float()) for ln, h in zip(self.ln_fuse, (low, mid, last))], -1))
         return self.combine(torch.cat([fused, self.embed_tokens(tokens, positions)], -1))
 
     def next_input(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Later steps: the head's own previous output with the previous draft token."""
-        return self.combine(torch.cat([hidden, self.embed_tokens(tokens, positions)], -1))
+        return self.combine(torch.cat([self.ln_rec(hidden), self.embed_tokens(tokens, positions)], -1))
 
     def cross_kv(self, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention K/V of a window's encoder output ``[B, A, d]`` -> ``[B, H, A, hd]`` x2."""

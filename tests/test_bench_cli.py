@@ -42,3 +42,17 @@ def test_bench_rejects_unknown_peer(tmp_path):
     result = CliRunner().invoke(main, ["bench", str(EN_CLIPS[0]), "--presets", "whisper-tiny.en-ar",
                                        "--peers", "nope", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "unknown peer" in result.output
+
+
+def test_ct2_dir_joins_bundled_parts_once(tmp_path):
+    from specli.bench.peers import ct2_dir
+    from specli.engines.targets.resolve import is_ct2_dir
+
+    tiny = ct2_dir("whisper-tiny.en", root=tmp_path)
+    assert is_ct2_dir(tiny) and not list(tmp_path.iterdir())  # single model.bin: used in place
+    base = ct2_dir("whisper-base", root=tmp_path)
+    assert base.parent == tmp_path and is_ct2_dir(base)
+    assert (base / "model.bin").stat().st_size == 2 * 72608766
+    assert not list(base.glob("model.bin.part*"))
+    mtime = (base / "model.bin").stat().st_mtime_ns
+    assert ct2_dir("whisper-base", root=tmp_path) == base and (base / "model.bin").stat().st_mtime_ns == mtime

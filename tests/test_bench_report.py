@@ -39,6 +39,8 @@ def test_medians_over_repeats_and_stability():
     assert u.run.wall_seconds == 2.0 and u.run.decode_seconds == 2.0
     assert u.walls == (3.0, 1.0, 2.0) and u.stable
     assert not utts[("base-spec", "a")].stable
+    even = aggregate([run("s", "f", 0, wall=4.0), run("s", "f", 1, wall=1.0)])[("s", "f")]
+    assert even.run.wall_seconds == 1.0 and even.run.repeat == 1  # lower median
 
 
 def test_speedups_are_ratios_of_summed_medians():

@@ -99,6 +99,7 @@ def ct2_dir(name: str, root: Path | None = None) -> Path:
         for extra in meta.iterdir():
             if extra.is_file() and not extra.name.startswith("model.bin"):
                 shutil.copyfile(extra, tmp / extra.name)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a cache entry is as readable as the others
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -42,7 +42,8 @@ def _header(report: dict) -> list[str]:
         f"- load average (1/5/15 min) before: {m['loadavg_before']}, after: {m['loadavg_after']}",
         f"- versions: {v}",
         f"- inputs: {len(r['inputs'])} files; repeats: {opts['repeat']} (warm-up: {opts['warmup']}); "
-        f"interleaved per file; timings are medians over repeats, totals are sums of per-file medians",
+        f"interleaved per file; per file, times come from the repeat with the median wall time; "
+        f"totals are sums over files",
         f"- baseline: `{report['baseline']}`; timestamps: {opts['timestamps']}; "
         f"references: {r['references'] or 'none'} ({r['references_found']} found)", "",
     ]
@@ -143,7 +144,7 @@ def plot(report: dict, out_dir: Path) -> list[Path]:
     paths = []
     labels = report["bins"]["labels"]
     systems = [x["system"] for x in report["summaries"] if x["system"] != report["baseline"]]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
     width = 0.8 / max(1, len(systems))
     for k, name in enumerate(systems):
         vals = {b["bin"]: b["speedup_e2e"] for b in report["length_bins"] if b["system"] == name}
@@ -152,16 +153,16 @@ def plot(report: dict, out_dir: Path) -> list[Path]:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))], labels)
     ax.set(ylabel=f"end-to-end speedup vs {report['baseline']}", xlabel="utterance length")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     paths.append(_save(fig, out_dir / "speedup_by_length.png"))
     spec = [x for x in report["summaries"] if x.get("position_rates")]
     if spec:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
+        fig, ax = plt.subplots(figsize=(10, 4.5))
         for x in spec:
             rates = x["position_rates"]
             ax.plot(range(1, len(rates) + 1), rates, marker="o", label=x["system"])
         ax.set(xlabel="draft position (depth)", ylabel="acceptance rate (given reached)", ylim=(0, 1.05))
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         paths.append(_save(fig, out_dir / "acceptance_by_position.png"))
     plt.close("all")
     return paths

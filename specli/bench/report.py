@@ -12,9 +12,6 @@ from dataclasses import dataclass
 
 from specli.bench.wer import error_counts, normalize
 
-TIMES = ("wall_seconds", "encode_seconds", "decode_seconds", "draft_seconds", "verify_seconds")
-
-
 @dataclass(frozen=True)
 class SystemInfo:
     """One benchmarked system: a specli preset or a peer implementation."""
@@ -52,9 +49,12 @@ class Run:
 
 @dataclass(frozen=True)
 class Utterance:
-    """One (system, file): timings are medians over the repeats, counters come from the last repeat."""
+    """One (system, file): the repeat with the median wall time (lower median for an even count).
 
-    run: Run  # the last repeat, with its times replaced by the medians
+    Taking every time from that one repeat keeps the split (encoder + decode + other = wall) consistent.
+    """
+
+    run: Run  # the median-wall repeat
     walls: tuple[float, ...]  # every repeat's wall time
     stable: bool  # every repeat produced the same text (and tokens)
 
@@ -74,17 +74,16 @@ def median(values: Sequence[float]) -> float:
 
 
 def aggregate(runs: Sequence[Run]) -> dict[tuple[str, str], Utterance]:
-    """Group runs by (system, file); median times, last repeat's counters, stability flag."""
+    """Group runs by (system, file) and keep the median-wall repeat, all walls, and a stability flag."""
     groups: dict[tuple[str, str], list[Run]] = {}
     for r in runs:
         groups.setdefault((r.system, r.file), []).append(r)
     out = {}
     for key, rs in groups.items():
         rs = sorted(rs, key=lambda r: r.repeat)
-        meds = {t: median([getattr(r, t) for r in rs]) for t in TIMES}
-        last = Run(**{**rs[-1].__dict__, **meds})
+        mid = sorted(rs, key=lambda r: (r.wall_seconds, r.repeat))[(len(rs) - 1) // 2]
         stable = len({(r.text, r.token_ids) for r in rs}) == 1
-        out[key] = Utterance(last, tuple(r.wall_seconds for r in rs), stable)
+        out[key] = Utterance(mid, tuple(r.wall_seconds for r in rs), stable)
     return out
 
 

@@ -62,7 +62,9 @@ def speculative_decode(
         if no_speech is not None and sot_index < len(prompt) - 1:
             no_speech_prob = float(out.logits[0, sot_index].softmax(-1)[no_speech])
         hidden = out.hidden
+    t_draft = time.perf_counter()
     drafter.start(state, prompt)
+    stats.draft_seconds += time.perf_counter() - t_draft
     tokens, plen = list(prompt), len(prompt)
     sum_logprob, finished = 0.0, False
     while not finished and len(tokens) - plen < max_new_tokens:
@@ -79,8 +81,9 @@ def speculative_decode(
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += time.perf_counter() - t1
         stats.drafted += len(proposal)
-        stats.record_step(max(depths(proposal.parents), default=0), len(emitted) - 1)
+        used = 0  # emitted tokens actually committed (output may stop at eot or the length limit)
         for tok, lp in zip(emitted, logprobs):
+            used += 1
             sum_logprob += lp
             stats.tokens += 1
             if tok == eot:
@@ -89,6 +92,7 @@ def speculative_decode(
             tokens.append(tok)
             if len(tokens) - plen == max_new_tokens:
                 break
+        stats.record_step(max(depths(proposal.parents), default=0), used - 1)
         t2 = time.perf_counter()
         drafter.commit(tokens)
         stats.draft_seconds += time.perf_counter() - t2

@@ -92,10 +92,38 @@ def main() -> None:
           f"{statistics.median(enc_ct2) / statistics.median(enc_ours):.2f}x |")
     a, b = statistics.median(totals["specli"]), statistics.median(totals["faster-whisper"])
     print(f"| end to end, all clips (s) | {a:.2f} | {b:.2f} | {b / a:.2f}x |")
+    step_ours, step_ct2 = _decoder_step_times(ours, fw, args.clips[0], args.repeats)
+    print(f"| decoder, per token (ms) | {_median_ms(step_ours):.1f} | {_median_ms(step_ct2):.1f} | "
+          f"{statistics.median(step_ct2) / statistics.median(step_ours):.2f}x |")
     print(f"identical text on {same}/{n} clips")
     for name, (a_text, b_text) in texts.items():
         if a_text != b_text:
             print(f"  {name}: specli {a_text!r} | faster-whisper {b_text!r}")
+
+
+def _decoder_step_times(ours, fw, clip: Path, repeats: int) -> tuple[list[float], list[float]]:
+    """Greedy decode phase per token on the same encoder input (no timestamps, language given)."""
+    import ctranslate2
+
+    from specli.engines.greedy import greedy_decode
+    from specli.engines.targets.whisper_rules import WhisperLogitRules
+
+    sp, target = ours.special, ours.target
+    mel = window_features(load_audio(clip), target.dims.n_mels)
+    enc = target.encode(mel)
+    prompt = sp.prompt("en" if sp.multilingual else None)
+    rules = WhisperLogitRules.for_model(sp)
+    enc_ct2 = fw.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(mel.numpy())), to_cpu=True)
+    ours_t, ct2_t = [], []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        res = greedy_decode(target, target.start(enc), prompt, rules, sp.eot, 224)
+        ours_t.append((time.perf_counter() - t0) / res.stats.tokens)
+        t0 = time.perf_counter()
+        out = fw.model.generate(enc_ct2, [prompt], beam_size=1, max_length=448, suppress_blank=True,
+                                suppress_tokens=list(sp.suppress_tokens))
+        ct2_t.append((time.perf_counter() - t0) / (len(out[0].sequences_ids[0]) + 1))
+    return ours_t[1:], ct2_t[1:]
 
 
 def _encoder_times(ours, fw, clip: Path, repeats: int) -> tuple[list[float], list[float]]:

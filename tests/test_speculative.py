@@ -7,7 +7,6 @@ itself), another random model, the n-gram pool, recycling, adaptive length and s
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -28,7 +28,7 @@ from specli.engines.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraft
 from specli.engines.speculative import SpecOptions, speculative_decode
 from specli.engines.targets.loader import WhisperModel
 from specli.engines.targets.whisper_rules import WhisperLogitRules
-from specli.engines.types import DecodeStats
+from specli.engines.types import DecodeStats, accumulate
 
 Progress = Callable[[str], None]
 
@@ -156,7 +156,7 @@ def validate(head: SpeechDraftHead, model: WhisperModel, windows: list[dict], ma
                                  prompt.index(sp.sot), drafter=drafter, options=SpecOptions(max_draft=max_draft))
         expected = [t for t in tokens[plen:] if t != sp.eot]
         mismatched += int(res.tokens != expected)
-        stats.merge(res.stats)
+        accumulate(stats, res.stats)
     head.train()
     return stats.acceptance_length, mismatched
 

@@ -9,7 +9,7 @@ timestamp tokens, and the seek moves to the last closed timestamp.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -22,7 +22,7 @@ from specli.engines.segments import (compression_ratio, completed_length, find_l
                                      trim_repetition)
 from specli.engines.targets.loader import WhisperModel
 from specli.engines.targets.whisper_rules import WhisperLogitRules
-from specli.engines.types import DecodeResult
+from specli.engines.types import DecodeResult, accumulate
 
 Decoder = Callable[..., DecodeResult]  # same signature as greedy_decode
 
@@ -156,7 +156,7 @@ def transcribe_stream(
         prompt = _prompt(model, opts, language, previous)
         max_new = min(opts.max_new_tokens, target.dims.text_ctx - len(prompt))
         res = decode(target, state, prompt, rules, sp.eot, max_new, sp.no_speech, prompt.index(sp.sot))
-        _add_stats(stats, res)
+        accumulate(stats, res.stats)
         window_segs, advance, keep = _window_segments(model, opts, res, seek, window_frames, stats)
         segments += window_segs
         previous = previous + keep if keep else []
@@ -165,24 +165,6 @@ def transcribe_stream(
             on_window(seek * HOP_LENGTH / SAMPLE_RATE)
     stats.audio_seconds = (reader.total or seek * HOP_LENGTH) / SAMPLE_RATE
     return FileResult(language, lang_prob, segments, stats)
-
-
-def _add_stats(stats: FileStats, res: DecodeResult) -> None:
-    stats.tokens += res.stats.tokens
-    stats.target_forwards += res.stats.target_forwards
-    stats.decode_seconds += res.stats.decode_seconds
-    d = res.stats
-    stats.draft_seconds += d.draft_seconds
-    stats.verify_seconds += d.verify_seconds
-    stats.verify_steps += d.verify_steps
-    stats.drafted += d.drafted
-    stats.accepted += d.accepted
-    for i in range(len(d.position_attempts)):
-        if i == len(stats.position_attempts):
-            stats.position_attempts.append(0)
-            stats.position_accepts.append(0)
-        stats.position_attempts[i] += d.position_attempts[i]
-        stats.position_accepts[i] += d.position_accepts[i]
 
 
 def _window_segments(

@@ -60,17 +60,21 @@ class DecodeStats:
         """Tokens per verification step, bonus included (tau)."""
         return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 1.0
 
-    def merge(self, other: DecodeStats) -> None:
-        """Add another decode's counters to these."""
-        for name in ("tokens", "target_forwards", "decode_seconds", "draft_seconds", "verify_seconds",
-                     "verify_steps", "drafted", "accepted"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for d in range(len(other.position_attempts)):
-            if d == len(self.position_attempts):
-                self.position_attempts.append(0)
-                self.position_accepts.append(0)
-            self.position_attempts[d] += other.position_attempts[d]
-            self.position_accepts[d] += other.position_accepts[d]
+
+COUNTERS = ("tokens", "target_forwards", "decode_seconds", "draft_seconds", "verify_seconds", "verify_steps",
+            "drafted", "accepted")
+
+
+def accumulate(dst, src: DecodeStats) -> None:
+    """Add ``src``'s counters to ``dst`` (a DecodeStats, or any record with the same fields)."""
+    for name in COUNTERS:
+        setattr(dst, name, getattr(dst, name) + getattr(src, name))
+    for d in range(len(src.position_attempts)):
+        if d == len(dst.position_attempts):
+            dst.position_attempts.append(0)
+            dst.position_accepts.append(0)
+        dst.position_attempts[d] += src.position_attempts[d]
+        dst.position_accepts[d] += src.position_accepts[d]
 
 
 @dataclass(frozen=True)

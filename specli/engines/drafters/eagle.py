@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specli.engines.drafters.base import EMPTY, DraftProposal, DraftRequest
-from specli.engines.drafters.model import ModelDraftOptions, _one_hot
+from specli.engines.drafters.model import ModelDraftOptions, sparse_tree
 from specli.engines.kv_cache import KVCache
 from specli.engines.logits import sample_inverse_cdf
 from specli.engines.targets.whisper import DecoderState, WhisperDims, WhisperTarget
@@ -246,22 +246,3 @@ class EagleDrafter:
 
     def commit(self, tokens: list[int]) -> None:
         """Nothing to keep: every proposal starts from the target's latest hidden state."""
-
-
-def sparse_tree(draft, conf, q_rows, alts, budget: int, options: ModelDraftOptions) -> DraftProposal:
-    """The chain, plus alternative leaves at low-confidence positions (as ``ModelDrafter._proposal``)."""
-    tokens, parents, confs, q = list(draft), list(range(-1, len(draft) - 1)), list(conf), list(q_rows)
-    for pos, c in enumerate(conf):
-        if not options.tree_topk or c >= options.tree_threshold:
-            continue
-        for alt in alts[pos]:
-            if alt != draft[pos] and len(tokens) < budget:
-                tokens.append(alt)
-                parents.append(pos - 1)
-                confs.append(0.0)
-                q.append(None)
-    q_t = None
-    if q and q[0] is not None:  # sampling: chain rows are q, alternatives are point masses
-        vocab = q[0].shape[0]
-        q_t = torch.stack([r if r is not None else _one_hot(t, vocab) for r, t in zip(q, tokens)])
-    return DraftProposal(tokens, parents, confs, q_t)

@@ -92,28 +92,7 @@ class ModelDrafter:
             if len(draft) < request.budget:
                 logits = self.model.score(self._state, torch.tensor([[tok]])).logits[0, -1]
                 self._cached.append(tok)
-        return self._proposal(draft, conf, q_rows, alts, request.budget)
-
-    def _proposal(self, draft, conf, q_rows, alts, budget) -> DraftProposal:
-        """The chain, plus (two-pass sparse tree) alternative leaves at low-confidence positions.
-
-        Alternatives come after every chain node, so parents still precede their children.
-        """
-        tokens, parents, confs, q = list(draft), list(range(-1, len(draft) - 1)), list(conf), list(q_rows)
-        for pos, c in enumerate(conf):
-            if not self.options.tree_topk or c >= self.options.tree_threshold:
-                continue
-            for alt in alts[pos]:
-                if alt != draft[pos] and len(tokens) < budget:
-                    tokens.append(alt)
-                    parents.append(pos - 1)
-                    confs.append(0.0)
-                    q.append(None)
-        q_t = None
-        if q and q[0] is not None:  # sampling: chain rows are q, alternatives are point masses
-            vocab = q[0].shape[0]
-            q_t = torch.stack([r if r is not None else _one_hot(t, vocab) for r, t in zip(q, tokens)])
-        return DraftProposal(tokens, parents, confs, q_t)
+        return sparse_tree(draft, conf, q_rows, alts, request.budget, opts)
 
     def commit(self, tokens: list[int]) -> None:
         keep = 0
@@ -121,6 +100,29 @@ class ModelDrafter:
             keep += 1
         self._state.cache.crop(keep)
         self._cached = self._cached[:keep]
+
+
+def sparse_tree(draft, conf, q_rows, alts, budget: int, options: ModelDraftOptions) -> DraftProposal:
+    """The drafted chain plus (two-pass sparse tree) alternative leaves at low-confidence positions.
+
+    Alternatives come after every chain node, so parents still precede their children. In sampling
+    mode chain nodes keep their drafter distribution ``q`` and alternatives are point masses.
+    """
+    tokens, parents, confs, q = list(draft), list(range(-1, len(draft) - 1)), list(conf), list(q_rows)
+    for pos, c in enumerate(conf):
+        if not options.tree_topk or c >= options.tree_threshold:
+            continue
+        for alt in alts[pos]:
+            if alt != draft[pos] and len(tokens) < budget:
+                tokens.append(alt)
+                parents.append(pos - 1)
+                confs.append(0.0)
+                q.append(None)
+    q_t = None
+    if q and q[0] is not None:
+        vocab = q[0].shape[0]
+        q_t = torch.stack([r if r is not None else _one_hot(t, vocab) for r, t in zip(q, tokens)])
+    return DraftProposal(tokens, parents, confs, q_t)
 
 
 def _one_hot(token: int, vocab: int) -> torch.Tensor:

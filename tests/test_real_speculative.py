@@ -40,3 +40,16 @@ def test_preset_transcripts_identical_to_ar(whisper_models, name):
             forwards += stats.target_forwards
             tokens += stats.tokens
     assert forwards < tokens, f"{name}: no draft token was ever accepted"
+
+
+def test_bfloat16_greedy_is_deterministic_and_its_own_reference():
+    """bf16 is a different numeric model: speculative bf16 must equal AR bf16, run after run."""
+    from specli.engines.targets.loader import load_whisper
+
+    model = load_whisper("whisper-tiny.en", "bfloat16")
+    decode = build_decoder(load_preset("whisper-tiny.en-pool"), model)
+    for clip in CLIPS["whisper-tiny.en"]:
+        first, _ = _tokens(model, clip)
+        again, _ = _tokens(model, clip)
+        assert first == again
+        assert _tokens(model, clip, decode)[0] == first

@@ -32,3 +32,13 @@ def whisper_models():
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module: on a shared 2-core machine a second thread mostly waits at
+    barriers (decoder steps measured 4-6x slower with 2 threads than with 1 while other processes ran)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

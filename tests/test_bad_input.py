@@ -7,7 +7,6 @@ import re
 import shutil
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from conftest import EN_CLIPS
@@ -19,14 +18,7 @@ TINY = ("--preset", "whisper-tiny.en-ar")
 SUMMARY = re.compile(r"files: (\d+) ok, (\d+) failed, (\d+) skipped")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """One intra-op thread: on this shared 2-core machine a second thread mostly waits at barriers
-    (decoder steps measured 4-6x slower with 2 threads than with 1 while other processes ran)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run(*args, input: str | None = None):

@@ -8,7 +8,6 @@ import re
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 from click.testing import CliRunner
 
 from conftest import EN_CLIPS
@@ -20,14 +19,7 @@ GAP_RANGE = (2.5, 4.5)  # ... with short silences between them: about 124 s in a
 SRT_LINE = re.compile(r"^(\d{2,}):(\d{2}):(\d{2}),(\d{3}) --> (\d{2,}):(\d{2}):(\d{2}),(\d{3})$", re.M)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """One intra-op thread: on this shared 2-core machine a second thread mostly waits at barriers
-    (decoder steps measured 4-6x slower with 2 threads than with 1 while other processes ran)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def words(text: str) -> list[str]:

@@ -7,7 +7,6 @@ import re
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 
 from specli.engines.segments import RawSegment, compression_ratio, split_window, trim_repetition
 from specli.engines.transcription import TranscribeOptions
@@ -17,14 +16,7 @@ FULL = 3000  # mel frames of a full 30 s window
 SR = 16000
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """One intra-op thread: on this shared 2-core machine a second thread mostly waits at barriers
-    (decoder steps measured 4-6x slower with 2 threads than with 1 while other processes ran)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def ts(seconds: float) -> int:

@@ -37,9 +37,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specli.engines.drafters.base import EMPTY, DraftProposal, DraftRequest
-from specli.engines.drafters.model import ModelDraftOptions, sparse_tree
+from specli.engines.drafters.model import ModelDraftOptions, draft_token, sparse_tree
 from specli.engines.kv_cache import KVCache
-from specli.engines.logits import sample_inverse_cdf
 from specli.engines.targets.whisper import DecoderState, WhisperDims, WhisperTarget
 from specli.errors import ModelLoadError
 
@@ -229,11 +228,7 @@ class EagleDrafter:
         while len(draft) < budget:
             out, logits = self._step(x)
             probs = request.filter(logits[None], [sampled + draft]).softmax(-1)[0]
-            if request.greedy:
-                tok = int(probs.argmax())
-            else:
-                u = torch.rand(1, generator=request.generator, dtype=torch.float64).float()
-                tok = int(sample_inverse_cdf(probs[None], u)[0])
+            tok = draft_token(probs, request)
             p = float(probs[tok])
             if not math.isfinite(p) or (draft and p < opts.confidence_threshold):
                 break

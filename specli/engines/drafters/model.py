@@ -77,11 +77,7 @@ class ModelDrafter:
         q_rows, alts = [], []
         while len(draft) < request.budget:
             probs = request.filter(logits[None], [sampled + draft]).softmax(-1)[0]
-            if request.greedy:
-                tok = int(probs.argmax())
-            else:
-                u = torch.rand(1, generator=request.generator, dtype=torch.float64).float()
-                tok = int(sample_inverse_cdf(probs[None], u)[0])
+            tok = draft_token(probs, request)
             p = float(probs[tok])
             if draft and p < opts.confidence_threshold:
                 break
@@ -100,6 +96,14 @@ class ModelDrafter:
             keep += 1
         self._state.cache.crop(keep)
         self._cached = self._cached[:keep]
+
+
+def draft_token(probs: torch.Tensor, request: DraftRequest) -> int:
+    """The drafter's token from its filtered distribution ``probs [vocab]``: argmax, or a sample."""
+    if request.greedy:
+        return int(probs.argmax())
+    u = torch.rand(1, generator=request.generator, dtype=torch.float64).float()
+    return int(sample_inverse_cdf(probs[None], u)[0])
 
 
 def sparse_tree(draft, conf, q_rows, alts, budget: int, options: ModelDraftOptions) -> DraftProposal:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from specli.engines.drafters.base import DraftProposal, DraftRequest
-from specli.engines.drafters.model import ModelDraftOptions
+from specli.engines.drafters.model import ModelDraftOptions, rescore
 from specli.engines.drafters.recycling import merge_chains
 from specli.engines.targets.loader import WhisperModel
 from specli.engines.targets.whisper import DecoderState
@@ -46,13 +46,9 @@ class CrossTokenizerDrafter:
         return self._prompt + self.drafter.tokenizer.encode(text), len(self._prompt)
 
     def _sync(self, tokens: list[int]) -> torch.Tensor:
-        keep = 0
-        while keep < min(len(self._cached), len(tokens) - 1) and self._cached[keep] == tokens[keep]:
-            keep += 1
-        self._state.cache.crop(keep)
-        out = self.drafter.target.score(self._state, torch.tensor([tokens[keep:]]))
+        logits = rescore(self.drafter.target, self._state, self._cached, tokens)
         self._cached = list(tokens)
-        return out.logits[0, -1]
+        return logits
 
     def propose(self, request: DraftRequest) -> DraftProposal:
         ctx, plen = self._context(request)

@@ -59,14 +59,9 @@ class ModelDrafter:
 
     def _sync(self, tokens: list[int]) -> torch.Tensor:
         """Bring the cache to ``tokens``; return the logits ``[vocab]`` after the last token."""
-        keep = 0
-        limit = min(len(self._cached), len(tokens) - 1)
-        while keep < limit and self._cached[keep] == tokens[keep]:
-            keep += 1
-        self._state.cache.crop(keep)
-        out = self.model.score(self._state, torch.tensor([tokens[keep:]]))
+        logits = rescore(self.model, self._state, self._cached, tokens)
         self._cached = list(tokens)
-        return out.logits[0, -1]
+        return logits
 
     def propose(self, request: DraftRequest) -> DraftProposal:
         opts = self.options
@@ -91,11 +86,25 @@ class ModelDrafter:
         return sparse_tree(draft, conf, q_rows, alts, request.budget, opts)
 
     def commit(self, tokens: list[int]) -> None:
-        keep = 0
-        while keep < min(len(self._cached), len(tokens) - 1) and self._cached[keep] == tokens[keep]:
-            keep += 1
+        keep = shared_prefix(self._cached, tokens)
         self._state.cache.crop(keep)
         self._cached = self._cached[:keep]
+
+
+def shared_prefix(cached: list[int], tokens: list[int]) -> int:
+    """Leading tokens the drafter's cache can keep: the common prefix, the last token excluded."""
+    keep, limit = 0, min(len(cached), len(tokens) - 1)
+    while keep < limit and cached[keep] == tokens[keep]:
+        keep += 1
+    return keep
+
+
+def rescore(model: WhisperTarget, state: DecoderState, cached: list[int], tokens: list[int]) -> torch.Tensor:
+    """Crop ``state``'s cache (holding ``cached``) to the shared prefix, score the rest of ``tokens``,
+    and return the logits ``[vocab]`` after the last token."""
+    keep = shared_prefix(cached, tokens)
+    state.cache.crop(keep)
+    return model.score(state, torch.tensor([tokens[keep:]])).logits[0, -1]
 
 
 def draft_token(probs: torch.Tensor, request: DraftRequest) -> int:

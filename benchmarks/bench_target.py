@@ -19,6 +19,7 @@ import transformers
 
 from specli.audio import load_audio, window_features
 from specli.engines.greedy import greedy_decode
+from specli.engines.targets.compiled import compile_encoder
 from specli.engines.targets.loader import load_whisper
 from specli.engines.targets.whisper_rules import WhisperLogitRules
 
@@ -67,6 +68,7 @@ def main() -> None:
     ap.add_argument("--clip", type=Path, default=DEFAULT_CLIP)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--compile", action="store_true", help="also time the torch.compile'd encoder (+ compile time)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = load_whisper(args.model)
@@ -76,9 +78,12 @@ def main() -> None:
     prompt = sp.prompt("en")
     enc = target.encode(feats)
     tokens = greedy_decode(target, target.start(enc), prompt, WhisperLogitRules.for_model(sp), sp.eot, 224).tokens
-    lean_enc, hf_enc, lean_step, hf_step = [], [], [], []
+    compiled = compile_encoder(target) if args.compile else None
+    lean_enc, hf_enc, lean_step, hf_step, comp_enc = [], [], [], [], []
     for _ in range(args.repeats):  # interleaved: A B A B ...
         lean_enc += _time(lambda: target.encode(feats), 1)
+        if compiled is not None:
+            comp_enc += _time(lambda: compiled.fn(feats), 1)
         with torch.no_grad():
             hf_enc += _time(lambda: hf.model.encoder(feats), 1)
         lean_step += _lean_step_times(target, enc, prompt, tokens)
@@ -91,6 +96,9 @@ def main() -> None:
     print("|---|---|---|---|")
     print(f"| encoder, one 30-s window | {med(lean_enc) * 1e3:.1f} | {med(hf_enc) * 1e3:.1f} | "
           f"{med(hf_enc) / med(lean_enc):.2f}x |")
+    if compiled is not None:
+        print(f"| encoder, torch.compile (compiled in {compiled.compile_seconds:.1f} s) | {med(comp_enc) * 1e3:.1f} | "
+              f"{med(hf_enc) * 1e3:.1f} | {med(hf_enc) / med(comp_enc):.2f}x |")
     print(f"| decoder step, one token | {med(lean_step) * 1e3:.2f} | {med(hf_step) * 1e3:.2f} | "
           f"{med(hf_step) / med(lean_step):.2f}x |")
 

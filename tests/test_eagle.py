@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,8 +15,9 @@ from hypothesis import strategies as st
 
 from conftest import EN_CLIPS
 from specli.distill.data import generate, load_windows, read_manifest, window_record
-from specli.distill.train import TrainOptions, make_batch, start_rows, train, unrolled_loss, validate
-from specli.engines.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead, load_head, save_head
+from specli.distill.train import TrainOptions, learning_rate, make_batch, start_rows, train, unrolled_loss, validate
+from specli.engines.drafters.eagle import (EagleConfig, EagleDrafter, PackedLinear, SpeechDraftHead,
+                                           draft_vocabulary, load_head, packed_for_inference, save_head)
 from specli.engines.drafters.model import ModelDraftOptions
 from specli.engines.greedy import greedy_decode
 from specli.engines.speculative import SpecOptions, speculative_decode
@@ -26,9 +28,13 @@ TARGET = tiny_target(0)
 TINY = SimpleNamespace(target=TARGET)
 
 
-def _head(seed: int = 0, target=TARGET) -> SpeechDraftHead:
+def _head(seed: int = 0, target=TARGET, draft_vocab: int = 0) -> SpeechDraftHead:
+    """A random head; with ``draft_vocab``, its draft vocabulary is that many random ids."""
     torch.manual_seed(seed)
-    return SpeechDraftHead(EagleConfig.for_target(target, "tiny"), target)
+    if not draft_vocab:
+        return SpeechDraftHead(EagleConfig.for_target(target, "tiny"), target)
+    ids = torch.randperm(target.dims.vocab)[:draft_vocab].sort().values
+    return SpeechDraftHead(EagleConfig.for_target(target, "tiny", draft_vocab), target, ids)
 
 
 @functools.cache
@@ -44,8 +50,17 @@ def _windows(seeds=(1, 2), max_new: int = 20) -> list[dict]:
     return out
 
 
-def test_training_steps_reduce_the_loss():
-    head, batch = _head(), make_batch(_windows(), unroll=7, max_starts=64)
+def test_learning_rate_warms_up_then_decays_to_a_tenth():
+    opts = TrainOptions(lr=1e-3, warmup=10, steps=110)
+    rates = [learning_rate(opts, s) for s in range(110)]
+    assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(rates[9:], rates[10:])) and rates[-1] == pytest.approx(1e-4, rel=0.01)
+    assert learning_rate(TrainOptions(lr=1e-3, warmup=10), 10_000) == 1e-3  # no budget: constant
+
+
+@pytest.mark.parametrize("draft_vocab", [0, 40])
+def test_training_steps_reduce_the_loss(draft_vocab):
+    head, batch = _head(draft_vocab=draft_vocab), make_batch(_windows(), unroll=7, max_starts=64)
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
     losses = []
     for _ in range(5):
@@ -98,16 +113,53 @@ def test_unrolled_steps_read_the_heads_own_states_not_the_targets():
     assert len(inputs) == 6 and all(i is o for i, o in zip(inputs, outputs))
 
 
-def test_save_load_round_trip_and_target_check(tmp_path):
-    head = _head(3)
+def test_block_starts_from_the_targets_last_decoder_layer():
+    head = _head(1).init_from_target(TARGET)
+    blk = TARGET.dec_blocks[-1]
+    assert torch.equal(head.fc2.weight, blk.fc2.weight.float())
+    assert torch.equal(head.qkv.weight[: head.cfg.d_model], blk.self_attn["q"].weight.float())
+    assert torch.equal(head.cross_kv_proj.weight[head.cfg.d_model :], blk.cross_attn["v"].weight.float())
+    assert torch.equal(head.ln_cross.weight, blk.cross_ln[0].float())
+
+
+def test_draft_vocabulary_keeps_specials_then_the_most_frequent_tokens():
+    counts = torch.tensor([5, 0, 9, 1, 7, 0, 3, 100, 100])
+    assert draft_vocabulary(counts, 5, first_special=7).tolist() == [0, 2, 4, 7, 8]
+    assert draft_vocabulary(counts, 2, first_special=7).tolist() == [7, 8]  # specials always kept
+    head = _head(draft_vocab=30)
+    full = head.full_logits(torch.randn(2, 3, TARGET.dims.d_model))
+    assert full.shape == (2, 3, TARGET.dims.vocab)
+    outside = torch.ones(TARGET.dims.vocab, dtype=torch.bool)
+    outside[head.vocab_ids] = False
+    assert torch.isneginf(full[..., outside]).all() and torch.isfinite(full[..., head.vocab_ids]).all()
+    assert torch.equal(head.to_draft[head.vocab_ids], torch.arange(30))
+
+
+def test_packed_inference_copy_matches_the_trained_head():
+    head = _head(5, draft_vocab=30)
+    fast = packed_for_inference(head)
+    assert isinstance(fast.qkv, PackedLinear) and isinstance(fast.lm_head, PackedLinear) and head.training
+    batch = make_batch(_windows(seeds=(5,)), 7, 64)
+    with torch.no_grad():
+        for a, b in zip(_step_logits(head, batch), _step_logits(fast, batch)):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("draft_vocab", [0, 25])
+def test_save_load_round_trip_and_target_check(tmp_path, draft_vocab):
+    head = _head(3, draft_vocab=draft_vocab)
     with torch.no_grad():
         for prm in head.parameters():
             prm.add_(0.01 * torch.randn_like(prm))
+            prm.copy_(prm.half().float())  # heads are stored in fp16: make the round trip exact
     save_head(head, tmp_path / "h", {"steps": 1})
     loaded = load_head(tmp_path / "h", TARGET)
     batch = make_batch(_windows(seeds=(5,)), 7, 64)
     a, b = _step_logits(head, batch), _step_logits(loaded, batch)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(loaded.vocab_ids, head.vocab_ids) and loaded.cfg == head.cfg
+    stored = load_head.__globals__["load_file"](str(tmp_path / "h" / "model.safetensors"))
+    assert stored["fuse.weight"].dtype == torch.float16 and loaded.fuse.weight.dtype == torch.float32
     assert "embed" not in load_head.__globals__["load_file"](str(tmp_path / "h" / "model.safetensors"))
     with pytest.raises(ModelLoadError, match="does not match"):
         load_head(tmp_path / "h", tiny_target(0, layers=3))
@@ -122,13 +174,14 @@ MODES = {
 
 @settings(max_examples=3, deadline=None)
 @given(audio_seed=st.integers(0, 1000), head_seed=st.integers(0, 1000), timestamps=st.booleans(),
-       max_draft=st.sampled_from([1, 3, 5, 8]), max_new=st.integers(1, 30))
+       max_draft=st.sampled_from([1, 3, 5, 8]), max_new=st.integers(1, 30), draft_vocab=st.sampled_from([0, 8, 30]))
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_eagle_speculative_greedy_equals_greedy(mode, audio_seed, head_seed, timestamps, max_draft, max_new):
+def test_eagle_speculative_greedy_equals_greedy(mode, audio_seed, head_seed, timestamps, max_draft, max_new,
+                                                draft_vocab):
     rules = tiny_rules(timestamps)
     prompt = [SOT] + ([] if timestamps else [NO_TS])
     ref = greedy_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, max_new, no_speech=1)
-    drafter = EagleDrafter(_head(head_seed), MODES[mode])
+    drafter = EagleDrafter(_head(head_seed, draft_vocab=draft_vocab), MODES[mode])
     out = speculative_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, max_new, no_speech=1,
                              drafter=drafter, options=SpecOptions(max_draft=max_draft))
     assert out.tokens == ref.tokens
@@ -141,11 +194,19 @@ def test_train_checkpoints_resume_and_validate(tmp_path):
     model = SimpleNamespace(target=TARGET, name="tiny", special=SimpleNamespace(
         eot=EOT, no_timestamps=NO_TS, sot=SOT, no_speech=None, timestamp_begin=36, suppress_tokens=(5,),
         begin_suppress_tokens=(EOT,), max_initial_timestamp_index=4))
-    first = train(windows, model, tmp_path, TrainOptions(epochs=2, steps=3, batch=1, checkpoint_every=1))
+    opts = TrainOptions(epochs=2, steps=3, batch=1, checkpoint_every=1, draft_vocab=20)
+    first = train(windows, model, tmp_path, opts)
     assert first.steps == 3 and (tmp_path / "model.safetensors").is_file()
+    head = load_head(tmp_path, TARGET)
+    # every id from eot on is a special token in Whisper's layout (here 46 of 48): kept even past 20 rows
+    assert head.vocab_ids.tolist() == list(range(EOT, TARGET.dims.vocab)) and head.cfg.draft_vocab == 46
     again = train(windows, model, tmp_path, TrainOptions(epochs=2, batch=1, val_windows=1), windows)
-    assert again.steps == 4  # resumed mid-epoch 2 from step 3: one batch left
+    assert again.steps == 4  # resumed mid-epoch 2 from step 3: one batch left (and its draft vocabulary)
+    assert torch.equal(load_head(tmp_path, TARGET).vocab_ids, head.vocab_ids)
     assert again.val_acceptance is not None and again.val_acceptance >= 1.0
+    assert again.best_acceptance is not None and again.best_acceptance >= again.val_acceptance
+    saved = json.loads((tmp_path / "config.json").read_text())["training"]
+    assert saved["val_acceptance"] == again.best_acceptance  # OUT holds the best validated head
     acc, bad = validate(load_head(tmp_path, TARGET), model, windows[1:])
     assert bad == 0 and acc >= 1.0
 
@@ -172,3 +233,28 @@ def test_distill_data_is_resumable(tmp_path, whisper_models):
     assert w["tokens"][-1] == model.special.eot and w["plen"] < n
     text = model.tokenizer.decode([t for t in w["tokens"][w["plen"]:].tolist() if t < model.special.eot])
     assert np.char.str_len(text) > 3
+
+
+def test_distill_cli_data_without_timestamps_then_train_on_two_dirs(tmp_path, one_torch_thread):
+    from click.testing import CliRunner
+
+    from specli.cli import main
+
+    def run(*args):
+        return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+    short = sorted(EN_CLIPS, key=lambda p: p.stat().st_size)[:2]
+    for i, clip in enumerate(short):
+        res = run("distill", "data", clip, "--preset", "whisper-tiny.en-ar", "--no-timestamps", "-q",
+                  "--out", tmp_path / f"d{i}")
+        assert res.exit_code == 0, res.output
+    w = load_windows(tmp_path / "d0")[0]
+    assert w["tokens"][int(w["plen"]) - 1] == 50362  # <|notimestamps|> ends the prompt: decoded as asked
+    assert all(t < 50363 for t in w["tokens"][int(w["plen"]):].tolist())  # no timestamp token sampled
+    res = run("distill", "train", tmp_path / "d0", tmp_path / "d1", "--preset", "whisper-tiny.en-ar",
+              "--out", tmp_path / "head", "--steps", 2, "--batch", 1, "--draft-vocab", 2000, "--val",
+              tmp_path / "d1", "-q")
+    assert res.exit_code == 0, res.output
+    assert "2 step(s)" in res.output and "validation acceptance" in res.output
+    res = run("distill", "train", tmp_path / "missing", "--preset", "whisper-tiny.en-ar")
+    assert res.exit_code == 2 and "does not exist" in res.output

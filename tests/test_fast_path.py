@@ -98,6 +98,17 @@ def test_encoder_matches_transformers(small_model) -> None:
     _assert_close(target.encode(mel), enc)
 
 
+def test_compiled_encoder_matches_eager_and_reports_compile_time(small_model) -> None:
+    hf, _, mel, enc = small_model
+    target = WhisperTarget(WhisperDims.from_hf_config(hf.config.to_dict()), hf.state_dict())  # its own copy
+    eager = target.encode(mel)
+    seconds = target.compile_encoder()
+    assert target.compiled_encoder is not None and seconds > 0
+    out = target.encode(mel)
+    _assert_close(out, eager)
+    _assert_close(out, enc)
+
+
 def test_decoder_logits_match_transformers_for_1_to_24_tokens(small_model) -> None:
     hf, target, _mel, enc = small_model
     g = torch.Generator().manual_seed(4)

@@ -104,9 +104,11 @@ def file_records(model: WhisperModel, path: Path, opts: TranscribeOptions = Tran
 
 
 def generate(
-    inputs: Sequence[Path], model: WhisperModel, out: Path, progress: Progress | None = None
+    inputs: Sequence[Path], model: WhisperModel, out: Path, progress: Progress | None = None,
+    options: TranscribeOptions = TranscribeOptions(),
 ) -> DataSummary:
-    """Write one shard per input not yet in ``out``'s manifest; the manifest is updated after each."""
+    """Write one shard per input not yet in ``out``'s manifest (transcribed with ``options``, as
+    inference would); the manifest is updated after each."""
     out.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out, model)
     done = skipped = windows = 0
@@ -115,7 +117,7 @@ def generate(
         if key in manifest["done"]:
             skipped += 1
             continue
-        records = file_records(model, Path(path))
+        records = file_records(model, Path(path), options)
         shard = f"shard-{manifest['next_shard']:05d}.pt"
         _atomic_write_bytes(out / shard, lambda p, r=records: torch.save({"windows": r}, p))
         manifest["done"][key] = {"shard": shard, "windows": len(records)}

@@ -8,7 +8,8 @@ at that position (teacher-forced tokens, on-policy labels). Step ``k`` predicts 
 loss is ``sum_k beta**(k-1) * CE_k`` (each CE a mean over the valid rows), optimised with AdamW.
 
 Checkpoints (head + optimizer + position) are written every ``checkpoint_every`` steps under
-``OUT/checkpoints`` and training resumes from the latest. Validation acceptance length (tau, tokens
+``OUT/checkpoints`` and training resumes from the latest. With validation windows, the head saved in
+``OUT`` is the one with the best validation acceptance so far (early stopping on a small data set). Validation acceptance length (tau, tokens
 per target forward, bonus included) is measured each epoch by running the real
 :func:`~specli.engines.speculative.speculative_decode` with an :class:`EagleDrafter` (greedy, chain)
 against the target on held-out windows; its output is checked against the recorded greedy tokens.
@@ -16,6 +17,7 @@ against the target on held-out windows; its output is checked against the record
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specli.engines.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead, save_head
+from specli.engines.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead, draft_vocabulary, save_head
 from specli.engines.speculative import SpecOptions, speculative_decode
 from specli.engines.targets.loader import WhisperModel
 from specli.engines.targets.whisper_rules import WhisperLogitRules
@@ -47,11 +49,18 @@ class TrainOptions:
     checkpoint_every: int = 100  # optimizer steps between checkpoints
     val_windows: int = 16  # held-out windows decoded for the acceptance length (0 = none)
     val_max_draft: int = 8  # max_draft of the validation decode
+    val_every: int = 1  # validate after every N-th epoch (and after the last one)
     seed: int = 0  # seed of the window order and start sampling
     clip: float = 1.0  # gradient-norm clipping
     warmup: int = 50  # optimizer steps of linear learning-rate warm-up (from the step count: resumable)
+    # with a step budget the rate then decays along a cosine to lr / 10 at ``steps``
+    draft_vocab: int = 8192  # rows of the head's draft vocabulary, most frequent first (0 = whole vocabulary)
 
     def __post_init__(self) -> None:
+        if self.draft_vocab < 0:
+            raise ValueError("draft_vocab must be >= 0")
+        if self.val_every < 1:
+            raise ValueError("val_every must be >= 1")
         if self.epochs < 1 or self.steps < 0 or self.batch < 1 or self.unroll < 1 or self.max_starts < 1:
             raise ValueError("epochs, batch, unroll and max_starts must be >= 1; steps >= 0")
         if not 0.0 < self.beta <= 1.0 or self.lr <= 0:
@@ -77,7 +86,8 @@ class TrainSummary:
 
     steps: int  # optimizer steps taken in all (resumed ones included)
     last_loss: float  # loss of the last step
-    val_acceptance: float | None  # acceptance length on the held-out windows after the last epoch
+    val_acceptance: float | None  # acceptance length on the held-out windows at the last validation
+    best_acceptance: float | None  # the best validation acceptance: the head saved is that one
     head_dir: Path  # where the head was saved
     seconds_per_step: float  # mean wall time of this run's steps
 
@@ -130,6 +140,7 @@ def unrolled_loss(head: SpeechDraftHead, batch: Batch, beta: float) -> tuple[tor
         out, kk, vv = head.block(x, past, cross)
         past = (kk, vv) if past is None else (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2))
         labels = batch.labels[..., k]
+        labels = torch.where(labels >= 0, head.to_draft[labels.clamp(min=0)], -100)  # draft rows
         if bool((labels >= 0).any()):
             ce = F.cross_entropy(head.logits(out).flatten(0, 1), labels.flatten(), ignore_index=-100)
             total = total + beta**k * ce
@@ -166,31 +177,68 @@ def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _save_checkpoint(ckpt_dir: Path, head, opt, step: int, epoch: int, batch_index: int) -> None:
+def _save_checkpoint(ckpt_dir: Path, head, opt, step: int, epoch: int, batch_index: int,
+                     best: float | None) -> None:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     path = ckpt_dir / f"ckpt-{step:08d}.pt"
     state = {"head": head.state_dict(), "optim": opt.state_dict(), "step": step, "epoch": epoch,
-             "batch_index": batch_index}
+             "batch_index": batch_index, "best_val": -1.0 if best is None else best}
     torch.save(state, path.with_name(path.name + ".tmp"))
     path.with_name(path.name + ".tmp").replace(path)
     for old in sorted(ckpt_dir.glob("ckpt-*.pt"))[:-2]:  # keep the two latest
         old.unlink()
 
 
-def _resume(ckpt_dir: Path, head, opt) -> tuple[int, int, int]:
-    """Load the latest checkpoint, if any: (step, epoch, batches done in that epoch)."""
+def learning_rate(options: TrainOptions, step: int) -> float:
+    """Linear warm-up, then (with a step budget) cosine decay to a tenth of ``lr`` at ``steps``."""
+    lr = options.lr * min(1.0, (step + 1) / max(options.warmup, 1))
+    if options.steps and step >= options.warmup:
+        done = min(1.0, (step - options.warmup) / max(options.steps - options.warmup, 1))
+        lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
+    return lr
+
+
+def new_head(model: WhisperModel, windows: list[dict], draft_vocab: int) -> SpeechDraftHead:
+    """A fresh head whose draft vocabulary is the ``draft_vocab`` tokens the target emitted most often
+    in ``windows`` (plus every special and timestamp token; the whole vocabulary when 0), its block
+    started from the target's last decoder layer (in 70 steps on tiny.en data: step-1 loss 3.1 vs 5.5
+    from a random block)."""
+    target = model.target
+    vocab = target.dims.vocab
+    if not draft_vocab or draft_vocab >= vocab:
+        return SpeechDraftHead(EagleConfig.for_target(target, model.name), target).init_from_target(target)
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for w in windows:
+        counts += torch.bincount(w["tokens"][int(w["plen"]) :], minlength=vocab)
+    ids = draft_vocabulary(counts, draft_vocab, model.special.eot)
+    head = SpeechDraftHead(EagleConfig.for_target(target, model.name, ids.numel()), target, ids)
+    return head.init_from_target(target)
+
+
+def _resume(ckpt_dir: Path, model: WhisperModel, windows: list[dict], options: TrainOptions):
+    """The head and optimizer from the latest checkpoint (or new), (step, epoch, batches done) and the
+    best validation acceptance so far (None before the first)."""
     latest = _latest_checkpoint(ckpt_dir)
-    if latest is None:
-        return 0, 0, 0
-    state = torch.load(latest, weights_only=True)
-    head.load_state_dict(state["head"])
+    state = None if latest is None else torch.load(latest, weights_only=True)
+    if state is None:
+        head = new_head(model, windows, options.draft_vocab)
+    else:  # the checkpoint's own draft vocabulary, whatever the data now holds
+        ids = state["head"]["vocab_ids"]
+        cfg = EagleConfig.for_target(model.target, model.name, 0 if ids.numel() == model.target.dims.vocab else ids.numel())
+        head = SpeechDraftHead(cfg, model.target, ids)
+        head.load_state_dict(state["head"])
+    opt = torch.optim.AdamW(head.parameters(), lr=options.lr)
+    if state is None:
+        return head.train(), opt, (0, 0, 0), None
     opt.load_state_dict(state["optim"])
-    return int(state["step"]), int(state["epoch"]), int(state["batch_index"])
+    best = float(state.get("best_val", -1.0))
+    position = (int(state["step"]), int(state["epoch"]), int(state["batch_index"]))
+    return head.train(), opt, position, (None if best < 0 else best)
 
 
 def _training_info(opts: TrainOptions, step: int, loss: float, val: float | None, n_windows: int) -> dict:
     return {"steps": step, "epochs": opts.epochs, "lr": opts.lr, "batch": opts.batch, "unroll": opts.unroll,
-            "beta": opts.beta, "max_starts": opts.max_starts, "last_loss": loss, "val_acceptance": val,
+            "beta": opts.beta, "max_starts": opts.max_starts, "draft_vocab": opts.draft_vocab, "last_loss": loss, "val_acceptance": val,
             "train_windows": n_windows}
 
 
@@ -202,10 +250,8 @@ def train(
     windows = [w for w in windows if start_rows(w)]
     if not windows:
         raise ValueError("no training window has a sampled token to predict")
-    head = SpeechDraftHead(EagleConfig.for_target(model.target, model.name), model.target).train()
-    opt = torch.optim.AdamW(head.parameters(), lr=options.lr)
     ckpt_dir = out / "checkpoints"
-    step, epoch0, skip = _resume(ckpt_dir, head, opt)
+    head, opt, (step, epoch0, skip), best = _resume(ckpt_dir, model, windows, options)
     loss_v, val, spent, taken = float("nan"), None, 0.0, 0
     val_set = (val_windows or [])[: options.val_windows]
     for epoch in range(epoch0, options.epochs):
@@ -217,7 +263,7 @@ def train(
             if epoch == epoch0 and bi < skip:
                 continue
             if options.steps and step >= options.steps:  # step budget spent: resumable from here
-                _save_checkpoint(ckpt_dir, head, opt, step, epoch, bi)
+                _save_checkpoint(ckpt_dir, head, opt, step, epoch, bi, best)
                 stopped = True
                 break
             gen = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
@@ -225,7 +271,7 @@ def train(
             batch = make_batch([windows[int(j)] for j in order[i : i + options.batch]], options.unroll,
                                options.max_starts, gen)
             for group in opt.param_groups:
-                group["lr"] = options.lr * min(1.0, (step + 1) / max(options.warmup, 1))
+                group["lr"] = learning_rate(options, step)
             loss, per_step = unrolled_loss(head, batch, options.beta)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -237,14 +283,18 @@ def train(
                 progress(f"epoch {epoch + 1} step {step}: loss {loss_v:.4f} "
                          f"(per step {', '.join(f'{c:.2f}' for c in per_step)})")
             if step % options.checkpoint_every == 0:
-                _save_checkpoint(ckpt_dir, head, opt, step, epoch, bi + 1)
-        if val_set:
+                _save_checkpoint(ckpt_dir, head, opt, step, epoch, bi + 1, best)
+        if val_set and (stopped or (epoch + 1) % options.val_every == 0 or epoch + 1 == options.epochs):
             val, bad = validate(head, model, val_set, options.val_max_draft)
             if progress is not None:
                 progress(f"epoch {epoch + 1}: validation acceptance length {val:.3f} on {len(val_set)} "
                          f"window(s); {bad} decoded differently from the recorded greedy tokens")
+            if best is None or val > best:  # the head saved in OUT is the best validated one
+                best = val
+                save_head(head, out, _training_info(options, step, loss_v, val, len(windows)))
         if stopped:
             break
-        _save_checkpoint(ckpt_dir, head, opt, step, epoch + 1, 0)
-    head_dir = save_head(head, out, _training_info(options, step, loss_v, val, len(windows)))
-    return TrainSummary(step, loss_v, val, head_dir, spent / max(taken, 1))
+        _save_checkpoint(ckpt_dir, head, opt, step, epoch + 1, 0, best)
+    if best is None or (val is not None and val >= best):  # not validated, or the last head is the best
+        save_head(head, out, _training_info(options, step, loss_v, val, len(windows)))
+    return TrainSummary(step, loss_v, val, best, out, spent / max(taken, 1))

@@ -64,8 +64,8 @@ class Engine:
 
 
 def load_engine(preset: Preset, model: str | None = None, dtype: str | None = None,
-                language: str | None = None) -> Engine:
-    """Load the preset's target (or ``model``) in ``dtype`` and build its decoder."""
+                language: str | None = None, compile_encoder: bool = False) -> Engine:
+    """Load the preset's target (or ``model``) in ``dtype`` (encoder compiled if asked) and build its decoder."""
     p = replace(preset, model=model or preset.model, dtype=dtype or preset.dtype)
-    whisper = load_whisper(p.model, p.dtype)
+    whisper = load_whisper(p.model, p.dtype, compile_encoder)
     return Engine(p, whisper, build_decoder(p, whisper, language))

@@ -17,6 +17,12 @@ Design (see ``docs`` of the issue "EAGLE-ASR Speech-Draft drafter"):
 * **Output.** The head's own trainable LayerNorm (initialised from the target's final layer norm)
   then the target's frozen vocabulary projection: ``logits = proj_out(ln_out(h))`` (as EAGLE, the
   target's LM head reads a state in the space of its final-normed hidden state).
+* **Draft vocabulary** (EAGLE-3). The projection keeps only the rows of ``vocab_ids`` (the tokens
+  the target emitted most often in the training data, plus every special and timestamp token):
+  on this CPU Whisper's 51,865-row projection is most of a step, and 8k rows cost a sixth of it.
+  The drafter scatters the draft logits back into the full vocabulary (``-inf`` elsewhere) before
+  the shared logit filter, so a token outside the draft vocabulary is never proposed; the target
+  still verifies over its full vocabulary, so decoding stays lossless.
 
 Token embedding, positional embedding and LM head are shared with the target, frozen, and never
 stored in the head's checkpoint (non-persistent buffers, passed in at load).
@@ -24,6 +30,7 @@ stored in the head's checkpoint (non-persistent buffers, passed in at load).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -39,6 +46,7 @@ from torch import nn
 from specli.engines.drafters.base import EMPTY, DraftProposal, DraftRequest
 from specli.engines.drafters.model import ModelDraftOptions, draft_token, sparse_tree
 from specli.engines.kv_cache import KVCache
+from specli.engines.targets.layers import Linear
 from specli.engines.targets.whisper import DecoderState, WhisperDims, WhisperTarget
 from specli.errors import ModelLoadError
 
@@ -63,19 +71,36 @@ class EagleConfig:
     target_model: str  # name of the target it was trained against (informative)
     target_fingerprint: str  # target_fingerprint(dims) of that target (checked at load)
     max_steps: int = MAX_STEPS  # draft steps per proposal the self-attention cache holds
+    draft_vocab: int = 0  # rows of the draft vocabulary (0 = the whole vocabulary)
 
     @classmethod
-    def for_target(cls, target: WhisperTarget, name: str) -> EagleConfig:
+    def for_target(cls, target: WhisperTarget, name: str, draft_vocab: int = 0) -> EagleConfig:
         d = target.dims
-        return cls(d.d_model, d.decoder_heads, 4 * d.d_model, d.vocab, d.text_ctx, name, target_fingerprint(d))
+        ffn = target.dec_blocks[-1].fc1.out_features  # as the target's layers (4 * d_model in Whisper)
+        return cls(d.d_model, d.decoder_heads, ffn, d.vocab, d.text_ctx, name, target_fingerprint(d),
+                   draft_vocab=draft_vocab)
+
+
+def draft_vocabulary(counts: torch.Tensor, size: int, first_special: int) -> torch.Tensor:
+    """Token ids of a draft vocabulary of ``size`` rows: every id from ``first_special`` on (special
+    and timestamp tokens), then the most frequent other ids of ``counts [V]``; sorted ascending."""
+    vocab = counts.numel()
+    special = torch.arange(first_special, vocab)
+    room = max(size - special.numel(), 0)
+    text = counts[:first_special].float().topk(min(room, first_special)).indices
+    return torch.cat([text, special]).sort().values
 
 
 class SpeechDraftHead(nn.Module):
     """Fusion layers + one decoder block + output norm; the target's embeddings and LM head frozen."""
 
-    def __init__(self, cfg: EagleConfig, target: WhisperTarget) -> None:
+    def __init__(self, cfg: EagleConfig, target: WhisperTarget, vocab_ids: torch.Tensor | None = None) -> None:
         super().__init__()
         d = cfg.d_model
+        if vocab_ids is None:
+            vocab_ids = torch.arange(cfg.vocab)
+        if vocab_ids.numel() != (cfg.draft_vocab or cfg.vocab):
+            raise ValueError(f"draft vocabulary has {vocab_ids.numel()} ids, config says {cfg.draft_vocab}")
         self.cfg = cfg
         self.ln_fuse = nn.ModuleList(nn.LayerNorm(d) for _ in range(3))  # low / mid residual streams are large
         self.fuse = nn.Linear(3 * d, d)
@@ -92,8 +117,35 @@ class SpeechDraftHead(nn.Module):
             self.ln_out.bias.copy_(target.dec_ln[1].float())
         self.register_buffer("embed", target.embed.detach().float().clone(), persistent=False)  # [V, d]
         self.register_buffer("dec_pos", target.dec_pos.detach().float().clone(), persistent=False)  # [ctx, d]
-        lm = target.proj_out.weight
-        self.register_buffer("lm_head", lm.detach().float().clone(), persistent=False)  # [V, d]
+        self.register_buffer("vocab_ids", vocab_ids.long().clone())  # [Vd] draft row -> target token id
+        to_draft = torch.full((cfg.vocab,), -100, dtype=torch.long)
+        to_draft[self.vocab_ids] = torch.arange(self.vocab_ids.numel())
+        self.register_buffer("to_draft", to_draft, persistent=False)  # [V] target token id -> draft row or -100
+        self.lm_head = FrozenLinear(target.proj_out.weight.detach()[self.vocab_ids])  # [Vd, d], not stored
+
+    @torch.no_grad()
+    def init_from_target(self, target: WhisperTarget) -> SpeechDraftHead:
+        """Start the block from the target's last decoder layer (same shapes: self-attention,
+        cross-attention, MLP and their norms), so the head reads the audio from its first step."""
+        blk = target.dec_blocks[-1]
+
+        def bias(lin) -> torch.Tensor:
+            return torch.zeros(lin.out_features) if lin.bias is None else lin.bias.float()
+
+        a, c = blk.self_attn, blk.cross_attn
+        self.qkv.weight.copy_(torch.cat([a[n].weight.float() for n in ("q", "k", "v")]))
+        self.qkv.bias.copy_(torch.cat([bias(a[n]) for n in ("q", "k", "v")]))
+        pairs = [(self.out, a["out"]), (self.cross_q, c["q"]), (self.cross_out, c["out"]),
+                 (self.fc1, blk.fc1), (self.fc2, blk.fc2)]
+        for mine, theirs in pairs:
+            mine.weight.copy_(theirs.weight.float())
+            mine.bias.copy_(bias(theirs))
+        self.cross_kv_proj.weight.copy_(torch.cat([c["k"].weight.float(), c["v"].weight.float()]))
+        self.cross_kv_proj.bias.copy_(torch.cat([bias(c["k"]), bias(c["v"])]))
+        for ln, (w, b) in ((self.ln_self, blk.self_ln), (self.ln_cross, blk.cross_ln), (self.ln_mlp, blk.final_ln)):
+            ln.weight.copy_(w.float())
+            ln.bias.copy_(b.float())
+        return self
 
     def embed_tokens(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The target's input embedding: token + position, ``[...] -> [..., d]``."""
@@ -133,8 +185,51 @@ class SpeechDraftHead(nn.Module):
         return x, k, v
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Shared, frozen LM head over the head's normed output: ``[..., d] -> [..., V]``."""
-        return F.linear(self.ln_out(hidden), self.lm_head)
+        """Shared, frozen LM head rows of the draft vocabulary: ``[..., d] -> [..., Vd]``."""
+        return self.lm_head(self.ln_out(hidden))
+
+    def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits in the target's vocabulary, ``-inf`` outside the draft vocabulary: ``[..., V]``."""
+        small = self.logits(hidden)
+        if small.shape[-1] == self.cfg.vocab:
+            return small
+        full = small.new_full((*small.shape[:-1], self.cfg.vocab), float("-inf"))
+        return full.index_copy_(-1, self.vocab_ids, small)
+
+
+class FrozenLinear(nn.Module):
+    """``x @ W.T`` with a frozen weight kept as a non-persistent buffer (the target's LM-head rows)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight.float().contiguous(), persistent=False)  # [out, in]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class PackedLinear(nn.Module):
+    """Inference only: a trained linear layer through the target's oneDNN fast path (``layers.Linear``:
+    on this CPU plain ``F.linear`` runs one row single-threaded)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.linear = Linear(weight.detach().float(), None if bias is None else bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def packed_for_inference(head: SpeechDraftHead) -> SpeechDraftHead:
+    """A copy of ``head`` in eval mode whose linear layers and LM head run through ``PackedLinear``
+    (same results to ~1e-6 relative; the packed copy cannot be trained or saved)."""
+    fast = copy.deepcopy(head).eval()
+    for name, module in list(fast.named_children()):
+        if isinstance(module, nn.Linear):
+            setattr(fast, name, PackedLinear(module.weight, module.bias))
+        elif isinstance(module, FrozenLinear):
+            setattr(fast, name, PackedLinear(module.weight, None))
+    return fast
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -146,7 +241,8 @@ def save_head(head: SpeechDraftHead, out: str | Path, training: dict | None = No
     """Write ``model.safetensors`` (the head's own weights only) and ``config.json``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+    # fp16 on disk (half the size; a drafter's rounding cannot change the lossless output), fp32 in memory
+    state = {k: (v.half() if v.is_floating_point() else v).detach().contiguous() for k, v in head.state_dict().items()}
     save_file(state, str(out / "model.safetensors"))
     meta = {"format": FORMAT, "config": asdict(head.cfg), "training": training or {}}
     tmp = out / "config.json.tmp"
@@ -182,8 +278,8 @@ def load_head(name_or_path: str | Path, target: WhisperTarget) -> SpeechDraftHea
             f"EAGLE head {path} was trained for {cfg.target_model!r} (fingerprint {cfg.target_fingerprint}), "
             f"which does not match this target (fingerprint {target_fingerprint(target.dims)})"
         )
-    head = SpeechDraftHead(cfg, target)
-    head.load_state_dict(weights, strict=True)
+    head = SpeechDraftHead(cfg, target, weights.get("vocab_ids"))
+    head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=True)
     return head.eval()
 
 
@@ -191,7 +287,7 @@ class EagleDrafter:
     """Drafts a chain with a :class:`SpeechDraftHead`; adaptive length and sparse tree as ModelDrafter."""
 
     def __init__(self, head: SpeechDraftHead, options: ModelDraftOptions = ModelDraftOptions()) -> None:
-        self.head = head.eval()
+        self.head = packed_for_inference(head)
         self.options = options
         cfg = head.cfg
         self._cache = KVCache(1, 1, cfg.heads, cfg.max_steps, cfg.d_model // cfg.heads)
@@ -199,7 +295,8 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def start(self, state: DecoderState, prompt: list[int]) -> None:
-        self._cross = self.head.cross_kv(state.audio_features)  # once per window
+        # once per window; contiguous: SDPA over strided K/V views was ~2x slower for one query row
+        self._cross = tuple(t.contiguous() for t in self.head.cross_kv(state.audio_features))
 
     def _step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One head step for a single draft ``x [1, 1, d]``: (hidden [1, 1, d], logits [V])."""
@@ -208,7 +305,7 @@ class EagleDrafter:
         out, k, v = self.head.block(x, past, self._cross)
         self._cache.write(0, n, k, v)
         self._cache.length = n + 1
-        return out, self.head.logits(out)[0, -1]
+        return out, self.head.full_logits(out)[0, -1]
 
     @torch.inference_mode()
     def propose(self, request: DraftRequest) -> DraftProposal:

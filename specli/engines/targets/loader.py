@@ -28,9 +28,13 @@ class WhisperModel:
         return self.tokenizer.special
 
 
-def load_whisper(name_or_path: str, dtype: str = "float32") -> WhisperModel:
-    """Resolve, verify and load a Whisper model; ``dtype`` is ``float32`` or ``bfloat16``."""
+def load_whisper(name_or_path: str, dtype: str = "float32", compile_encoder: bool = False) -> WhisperModel:
+    """Resolve, verify and load a Whisper model; ``dtype`` is ``float32`` or ``bfloat16``;
+    ``compile_encoder`` compiles the encoder with ``torch.compile`` now (see ``target.compiled_encoder``)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
     path = resolve_model(name_or_path)
-    return WhisperModel(name_or_path, path, WhisperTarget.from_dir(path, DTYPES[dtype]), WhisperTokenizer(path))
+    target = WhisperTarget.from_dir(path, DTYPES[dtype])
+    if compile_encoder:
+        target.compile_encoder()
+    return WhisperModel(name_or_path, path, target, WhisperTokenizer(path))

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from specli.engines.kv_cache import KVCache
+from specli.engines.targets.compiled import CompiledEncoder, compile_encoder
 from specli.engines.targets.layers import Linear, layer_norm
 
 N_FRAMES = 3000  # mel frames in one 30-second window
@@ -141,6 +142,12 @@ class WhisperTarget:
         self.dec_ln = (w["model.decoder.layer_norm.weight"], w["model.decoder.layer_norm.bias"])
         self.proj_out = Linear(w.get("proj_out.weight", self.embed), None)
         self.mid_layer = (dims.decoder_layers - 1) // 2
+        self.compiled_encoder: CompiledEncoder | None = None  # set by compile_encoder(); None = eager
+
+    def compile_encoder(self) -> float:
+        """Run the encoder through ``torch.compile`` from now on; returns the compile time in seconds."""
+        self.compiled_encoder = compile_encoder(self)
+        return self.compiled_encoder.compile_seconds
 
     @classmethod
     def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> WhisperTarget:
@@ -152,6 +159,8 @@ class WhisperTarget:
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """Encoder forward: ``mel [B, n_mels, 3000]`` -> ``[B, audio_ctx, d_model]``."""
+        if self.compiled_encoder is not None:
+            return self.compiled_encoder.fn(mel.to(self.dtype))
         x = F.gelu(F.conv1d(mel.to(self.dtype), *self.conv1, padding=1))
         x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1))
         x = x.transpose(1, 2) + self.enc_pos[: x.shape[2]]

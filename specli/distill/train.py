@@ -9,8 +9,9 @@ loss is ``sum_k beta**(k-1) * CE_k`` (each CE a mean over the valid rows), optim
 
 Checkpoints (head + optimizer + position) are written every ``checkpoint_every`` steps under
 ``OUT/checkpoints`` and training resumes from the latest. With validation windows, the head saved in
-``OUT`` is the one with the best validation acceptance so far (early stopping on a small data set). Validation acceptance length (tau, tokens
-per target forward, bonus included) is measured each epoch by running the real
+``OUT`` is the one with the best validation acceptance so far (early stopping on a small data set).
+Validation acceptance length (tau, tokens per target forward, bonus included) is measured every
+``val_every`` epochs by running the real
 :func:`~specli.engines.speculative.speculative_decode` with an :class:`EagleDrafter` (greedy, chain)
 against the target on held-out windows; its output is checked against the recorded greedy tokens.
 """
@@ -224,7 +225,8 @@ def _resume(ckpt_dir: Path, model: WhisperModel, windows: list[dict], options: T
         head = new_head(model, windows, options.draft_vocab)
     else:  # the checkpoint's own draft vocabulary, whatever the data now holds
         ids = state["head"]["vocab_ids"]
-        cfg = EagleConfig.for_target(model.target, model.name, 0 if ids.numel() == model.target.dims.vocab else ids.numel())
+        rows = 0 if ids.numel() == model.target.dims.vocab else ids.numel()
+        cfg = EagleConfig.for_target(model.target, model.name, rows)
         head = SpeechDraftHead(cfg, model.target, ids)
         head.load_state_dict(state["head"])
     opt = torch.optim.AdamW(head.parameters(), lr=options.lr)
@@ -238,7 +240,8 @@ def _resume(ckpt_dir: Path, model: WhisperModel, windows: list[dict], options: T
 
 def _training_info(opts: TrainOptions, step: int, loss: float, val: float | None, n_windows: int) -> dict:
     return {"steps": step, "epochs": opts.epochs, "lr": opts.lr, "batch": opts.batch, "unroll": opts.unroll,
-            "beta": opts.beta, "max_starts": opts.max_starts, "draft_vocab": opts.draft_vocab, "last_loss": loss, "val_acceptance": val,
+            "beta": opts.beta, "max_starts": opts.max_starts, "draft_vocab": opts.draft_vocab,
+            "last_loss": loss, "val_acceptance": val,
             "train_windows": n_windows}
 
 

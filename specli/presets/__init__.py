@@ -10,6 +10,10 @@ from typing import Literal, get_args
 
 from specli.errors import PresetError
 
+# what `transcribe` / `translate` and `specli.batch.transcribe` use unless told otherwise: whisper-base with
+# the shipped EAGLE-ASR head (lossless: the same text as whisper-base-ar, faster on held-out speech)
+DEFAULT_PRESET = "whisper-eagle-asr"
+
 Strategy = Literal["ar", "chain", "adaptive", "recycling", "sparse-tree"]
 DrafterKind = Literal["none", "pool", "model", "cross-tokenizer", "eagle"]
 DType = Literal["float32", "bfloat16"]

@@ -1,11 +1,11 @@
 """EAGLE-ASR Speech-Draft head: a one-block drafter that reads the target's own hidden states.
 
-Design (see ``docs`` of the issue "EAGLE-ASR Speech-Draft drafter"):
+Design (issue "EAGLE-ASR Speech-Draft drafter"):
 
 * **First step.** The target state that predicted the pending token is fused from three depths,
   ``f = fuse([LN(low); LN(mid); LN(last)])`` (Linear 3d -> d; the head's own LayerNorms, because
-  Whisper's intermediate residual streams are large and made the first AdamW steps diverge), then combined with the embedding of the pending
-  token, ``x = combine([f; e(pending)])`` (Linear 2d -> d). ``e(t)`` is the target's frozen token
+  Whisper's intermediate residual streams are large and made the first AdamW steps diverge), then
+  combined with the embedding of the pending token, ``x = combine([f; e(pending)])`` (Linear 2d -> d). ``e(t)`` is the target's frozen token
   embedding plus its frozen positional embedding at the token's decoder position, exactly what
   the target's own decoder reads.
 * **Later steps.** ``x = combine([LN(h); e(draft)])`` with ``h`` the head's own previous output

@@ -139,6 +139,7 @@ def test_packed_inference_copy_matches_the_trained_head():
     head = _head(5, draft_vocab=30)
     fast = packed_for_inference(head)
     assert isinstance(fast.qkv, PackedLinear) and isinstance(fast.lm_head, PackedLinear) and head.training
+    assert fast.embed.data_ptr() == head.embed.data_ptr() == TARGET.embed.data_ptr()  # shared, not copied
     batch = make_batch(_windows(seeds=(5,)), 7, 64)
     with torch.no_grad():
         for a, b in zip(_step_logits(head, batch), _step_logits(fast, batch)):

@@ -115,8 +115,9 @@ class SpeechDraftHead(nn.Module):
         with torch.no_grad():
             self.ln_out.weight.copy_(target.dec_ln[0].float())
             self.ln_out.bias.copy_(target.dec_ln[1].float())
-        self.register_buffer("embed", target.embed.detach().float().clone(), persistent=False)  # [V, d]
-        self.register_buffer("dec_pos", target.dec_pos.detach().float().clone(), persistent=False)  # [ctx, d]
+        # frozen and read-only: shared with an fp32 target, not copied
+        self.register_buffer("embed", target.embed.detach().float(), persistent=False)  # [V, d]
+        self.register_buffer("dec_pos", target.dec_pos.detach().float(), persistent=False)  # [ctx, d]
         self.register_buffer("vocab_ids", vocab_ids.long().clone())  # [Vd] draft row -> target token id
         to_draft = torch.full((cfg.vocab,), -100, dtype=torch.long)
         to_draft[self.vocab_ids] = torch.arange(self.vocab_ids.numel())
@@ -223,7 +224,8 @@ class PackedLinear(nn.Module):
 def packed_for_inference(head: SpeechDraftHead) -> SpeechDraftHead:
     """A copy of ``head`` in eval mode whose linear layers and LM head run through ``PackedLinear``
     (same results to ~1e-6 relative; the packed copy cannot be trained or saved)."""
-    fast = copy.deepcopy(head).eval()
+    shared = {id(t): t for t in (head.embed, head.dec_pos)}  # frozen tables: shared, not copied
+    fast = copy.deepcopy(head, memo=shared).eval()
     for name, module in list(fast.named_children()):
         if isinstance(module, nn.Linear):
             setattr(fast, name, PackedLinear(module.weight, module.bias))

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specli.engines.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead, draft_vocabulary, save_head
+from specli.engines.drafters.eagle import EagleDrafter, SpeechDraftHead, draft_vocabulary, save_head
 from specli.engines.speculative import SpecOptions, speculative_decode
 from specli.engines.targets.loader import WhisperModel
 from specli.engines.targets.whisper_rules import WhisperLogitRules
@@ -206,14 +206,13 @@ def new_head(model: WhisperModel, windows: list[dict], draft_vocab: int) -> Spee
     from a random block)."""
     target = model.target
     vocab = target.dims.vocab
-    if not draft_vocab or draft_vocab >= vocab:
-        return SpeechDraftHead(EagleConfig.for_target(target, model.name), target).init_from_target(target)
-    counts = torch.zeros(vocab, dtype=torch.long)
-    for w in windows:
-        counts += torch.bincount(w["tokens"][int(w["plen"]) :], minlength=vocab)
-    ids = draft_vocabulary(counts, draft_vocab, model.special.eot)
-    head = SpeechDraftHead(EagleConfig.for_target(target, model.name, ids.numel()), target, ids)
-    return head.init_from_target(target)
+    ids = None
+    if draft_vocab and draft_vocab < vocab:
+        counts = torch.zeros(vocab, dtype=torch.long)
+        for w in windows:
+            counts += torch.bincount(w["tokens"][int(w["plen"]) :], minlength=vocab)
+        ids = draft_vocabulary(counts, draft_vocab, model.special.eot)
+    return SpeechDraftHead.for_target(target, model.name, ids).init_from_target(target)
 
 
 def _resume(ckpt_dir: Path, model: WhisperModel, windows: list[dict], options: TrainOptions):
@@ -224,10 +223,7 @@ def _resume(ckpt_dir: Path, model: WhisperModel, windows: list[dict], options: T
     if state is None:
         head = new_head(model, windows, options.draft_vocab)
     else:  # the checkpoint's own draft vocabulary, whatever the data now holds
-        ids = state["head"]["vocab_ids"]
-        rows = 0 if ids.numel() == model.target.dims.vocab else ids.numel()
-        cfg = EagleConfig.for_target(model.target, model.name, rows)
-        head = SpeechDraftHead(cfg, model.target, ids)
+        head = SpeechDraftHead.for_target(model.target, model.name, state["head"]["vocab_ids"])
         head.load_state_dict(state["head"])
     opt = torch.optim.AdamW(head.parameters(), lr=options.lr)
     if state is None:

@@ -5,9 +5,9 @@ Design (issue "EAGLE-ASR Speech-Draft drafter"):
 * **First step.** The target state that predicted the pending token is fused from three depths,
   ``f = fuse([LN(low); LN(mid); LN(last)])`` (Linear 3d -> d; the head's own LayerNorms, because
   Whisper's intermediate residual streams are large and made the first AdamW steps diverge), then
-  combined with the embedding of the pending token, ``x = combine([f; e(pending)])`` (Linear 2d -> d). ``e(t)`` is the target's frozen token
-  embedding plus its frozen positional embedding at the token's decoder position, exactly what
-  the target's own decoder reads.
+  combined with the embedding of the pending token, ``x = combine([f; e(pending)])`` (Linear 2d -> d).
+  ``e(t)`` is the target's frozen token embedding plus its frozen positional embedding at the token's
+  decoder position, exactly what the target's own decoder reads.
 * **Later steps.** ``x = combine([LN(h); e(draft)])`` with ``h`` the head's own previous output
   (the block's residual stream, before the output norm). The first step and the later steps share
   ``combine``: the fused target state plays the role of the head's "previous hidden state".
@@ -123,6 +123,12 @@ class SpeechDraftHead(nn.Module):
         to_draft[self.vocab_ids] = torch.arange(self.vocab_ids.numel())
         self.register_buffer("to_draft", to_draft, persistent=False)  # [V] target token id -> draft row or -100
         self.lm_head = FrozenLinear(target.proj_out.weight.detach()[self.vocab_ids])  # [Vd, d], not stored
+
+    @classmethod
+    def for_target(cls, target: WhisperTarget, name: str, vocab_ids: torch.Tensor | None = None) -> SpeechDraftHead:
+        """A fresh head for ``target`` over the draft vocabulary ``vocab_ids`` (None = the whole one)."""
+        rows = 0 if vocab_ids is None or vocab_ids.numel() == target.dims.vocab else vocab_ids.numel()
+        return cls(EagleConfig.for_target(target, name, rows), target, vocab_ids)
 
     @torch.no_grad()
     def init_from_target(self, target: WhisperTarget) -> SpeechDraftHead:
@@ -244,7 +250,8 @@ def save_head(head: SpeechDraftHead, out: str | Path, training: dict | None = No
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # fp16 on disk (half the size; a drafter's rounding cannot change the lossless output), fp32 in memory
-    state = {k: (v.half() if v.is_floating_point() else v).detach().contiguous() for k, v in head.state_dict().items()}
+    state = {k: (v.half() if v.is_floating_point() else v).detach().contiguous()
+             for k, v in head.state_dict().items()}
     save_file(state, str(out / "model.safetensors"))
     meta = {"format": FORMAT, "config": asdict(head.cfg), "training": training or {}}
     tmp = out / "config.json.tmp"

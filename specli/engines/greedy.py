@@ -10,13 +10,12 @@ import time
 import torch
 
 from specli.engines.logits import GREEDY, SamplingParams, choose, filter_logits
-from specli.engines.targets.whisper import DecoderState
-from specli.engines.types import DecodeResult, DecodeStats, LogitRules, Target
+from specli.engines.types import DecodeResult, DecodeStats, LogitRules, Target, TargetState
 
 
 def greedy_decode(
     target: Target,
-    state: DecoderState,
+    state: TargetState,
     prompt: list[int],
     rules: LogitRules,
     eot: int,

@@ -18,9 +18,8 @@ import torch
 
 from specli.engines.drafters.base import Drafter, DraftProposal, DraftRequest
 from specli.engines.logits import GREEDY, SamplingParams, filter_logits
-from specli.engines.targets.whisper import DecoderState, HiddenStates
 from specli.engines.tree import depths, tree_inputs
-from specli.engines.types import DecodeResult, DecodeStats, LogitRules, Target
+from specli.engines.types import DecodeResult, DecodeStats, LogitRules, Target, TargetState
 from specli.engines.verify import verify
 
 
@@ -39,7 +38,7 @@ class SpecOptions:
 
 def speculative_decode(
     target: Target,
-    state: DecoderState,
+    state: TargetState,
     prompt: list[int],
     rules: LogitRules,
     eot: int,
@@ -121,8 +120,7 @@ def _verify_step(target, state, tokens, plen, proposal: DraftProposal, filt, opt
     rows = [0] + [i + 1 for i in kept]
     logp = torch.log_softmax(filtered[rows], -1)
     logprobs = [float(logp[j, t]) for j, t in enumerate(emitted)]
-    hid = HiddenStates(*(h[:, rows] for h in (out.hidden.low, out.hidden.mid, out.hidden.last)))
-    return emitted, logprobs, hid, out.logits[0, 0]
+    return emitted, logprobs, out.hidden.select(rows), out.logits[0, 0]
 
 
 def _row_prefixes(sampled: list[int], proposal: DraftProposal) -> list[list[int]]:

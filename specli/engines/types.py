@@ -8,7 +8,47 @@ from typing import Protocol
 
 import torch
 
-from specli.engines.targets.whisper import DecoderState, ScoreOutput
+from specli.engines.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class HiddenStates:
+    """Target hidden states a drafter reads, each ``[batch, n, d_model]``.
+
+    ``low`` / ``mid`` / ``last`` are the states every target exposes (first block's output, middle
+    block's output, the final normed state that feeds the vocabulary projection); ``aux`` holds the
+    states of extra layers a drafter asked the target for (EAGLE-3 / DFlash / DSpark), in the order
+    the target was told.
+    """
+
+    low: torch.Tensor  # output of the first decoder block
+    mid: torch.Tensor  # output of the middle decoder block
+    last: torch.Tensor  # final normed state (input of the vocabulary projection)
+    aux: tuple[torch.Tensor, ...] = ()  # requested auxiliary layers, each [batch, n, d_model]
+
+    def select(self, rows: list[int]) -> HiddenStates:
+        """The states of scored rows ``rows`` (e.g. the accepted path of a tree)."""
+        return HiddenStates(self.low[:, rows], self.mid[:, rows], self.last[:, rows],
+                            tuple(a[:, rows] for a in self.aux))
+
+
+@dataclass(frozen=True)
+class ScoreOutput:
+    """What one target forward returns."""
+
+    logits: torch.Tensor  # [batch, n, vocab], float32, before any logit rule
+    hidden: HiddenStates
+
+
+class TargetState(Protocol):
+    """Per-sequence state of a target: at least its preallocated self-attention cache.
+
+    Whisper's state adds the window's encoder output and cross-attention K/V; a decoder-only
+    target's state is its cache alone. The decode loop and verification only touch ``cache``.
+    """
+
+    @property
+    def cache(self) -> KVCache: ...
 
 
 class Target(Protocol):
@@ -16,7 +56,7 @@ class Target(Protocol):
 
     def score(
         self,
-        state: DecoderState,
+        state: TargetState,
         tokens: torch.Tensor,  # [B, n]
         positions: torch.Tensor | None = None,  # [B, n]
         tree_mask: torch.Tensor | None = None,  # [B, n, n] bool

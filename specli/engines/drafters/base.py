@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from specli.engines.targets.whisper import DecoderState, HiddenStates
+from specli.engines.types import HiddenStates, TargetState
 from specli.engines.tree import depths
 
 FilterFn = Callable[[torch.Tensor, Sequence[Sequence[int]]], torch.Tensor]  # [n, V] -> [n, V]
@@ -21,7 +21,7 @@ class DraftRequest:
     tokens: list[int]  # committed sequence: prompt + sampled tokens (the pending token last)
     prompt_len: int  # tokens[prompt_len:] are the sampled tokens the logit filter sees
     budget: int  # most draft tokens (tree nodes) to propose
-    state: DecoderState  # the target's window state (encoder output, features)
+    state: TargetState  # the target's state (cache; Whisper: encoder output, features)
     hidden: HiddenStates | None  # target hidden states of the last verified rows [1, m, d]
     filter: FilterFn  # the one logit filter, with this decode's rules and sampling parameters
     greedy: bool  # True: propose argmax tokens; False: sample from the filtered distribution
@@ -58,7 +58,7 @@ EMPTY = DraftProposal([], [])
 class Drafter(Protocol):
     """Proposes draft tokens; learns what was committed after each verification."""
 
-    def start(self, state: DecoderState, prompt: list[int]) -> None:
+    def start(self, state: TargetState, prompt: list[int]) -> None:
         """A new window: reset per-window state (caches) for this target state and prompt."""
 
     def propose(self, request: DraftRequest) -> DraftProposal: ...

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specli.engines.drafters.base import DraftProposal, DraftRequest
-from specli.engines.targets.whisper import DecoderState
+from specli.engines.types import TargetState
 from specli.engines.tree import chain_parents
 
 
@@ -66,7 +66,7 @@ class NgramDrafter:
         self._window = NgramPool(pool.max_ngram)  # this window's own tokens (self-lookup)
         self._prompt_len = 0
 
-    def start(self, state: DecoderState, prompt: list[int]) -> None:
+    def start(self, state: TargetState, prompt: list[int]) -> None:
         self.finish_window()
         self._window = NgramPool(self.pool.max_ngram)
         self._prompt_len = len(prompt)

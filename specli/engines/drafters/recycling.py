@@ -10,7 +10,7 @@ are merged into one token tree, so a single target pass verifies them all.
 from __future__ import annotations
 
 from specli.engines.drafters.base import Drafter, DraftProposal, DraftRequest
-from specli.engines.targets.whisper import DecoderState
+from specli.engines.types import TargetState
 
 
 def merge_chains(chains: list[list[int]], budget: int) -> tuple[list[int], list[int]]:
@@ -44,7 +44,7 @@ class RecyclingDrafter:
         self._base = 0  # committed length when it was proposed
         self._tails: list[list[int]] = []
 
-    def start(self, state: DecoderState, prompt: list[int]) -> None:
+    def start(self, state: TargetState, prompt: list[int]) -> None:
         self.inner.start(state, prompt)
         self._last, self._tails = [], []
 

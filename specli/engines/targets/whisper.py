@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from specli.engines.kv_cache import KVCache
+from specli.engines.types import HiddenStates, ScoreOutput
 from specli.engines.targets.compiled import CompiledEncoder, compile_encoder
 from specli.engines.targets.layers import Linear, layer_norm
 
@@ -57,25 +58,9 @@ class WhisperDims:
 
 
 @dataclass(frozen=True)
-class HiddenStates:
-    """Decoder hidden states a drafter reads, each ``[batch, n, d_model]``."""
-
-    low: torch.Tensor  # output of the first decoder block
-    mid: torch.Tensor  # output of the middle decoder block
-    last: torch.Tensor  # final layer-normed state (input of the vocabulary projection)
-
-
-@dataclass(frozen=True)
-class ScoreOutput:
-    """What one decoder forward returns."""
-
-    logits: torch.Tensor  # [batch, n, vocab], float32, before any logit rule
-    hidden: HiddenStates
-
-
-@dataclass(frozen=True)
 class DecoderState:
-    """Per-window decoder state: the self-attention cache and the window's cross-attention K/V."""
+    """Whisper's per-window decoder state (a :class:`~specli.engines.types.TargetState`): the
+    self-attention cache and the window's cross-attention K/V."""
 
     audio_features: torch.Tensor  # [batch, audio_ctx, d_model] encoder output
     cross_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer ([B, H, audio_ctx, D],) * 2

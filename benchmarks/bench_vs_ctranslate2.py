@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from specli.audio import iter_audio_chunks, load_audio, window_features
+from specli.engines.decoding import DecodingOptions
 from specli.engines.targets.loader import load_whisper
 from specli.engines.targets.resolve import BUNDLED, find_package_dir
 from specli.engines.transcription import TranscribeOptions, transcribe_stream
@@ -66,7 +67,8 @@ def main() -> None:
     fw = FWModel(str(ct2_dir(args.model, args.work)), device="cpu", compute_type="float32",
                  cpu_threads=args.threads, num_workers=1)
     lang = "en" if ours.special.multilingual else None
-    opts = TranscribeOptions(language=lang or "en", timestamps=False, condition_on_previous_text=False)
+    opts = TranscribeOptions(language=lang or "en", timestamps=False,
+                             decoding=DecodingOptions(temperatures=(0.0,), condition_on_previous_text=False))
     fw_kwargs = dict(language=lang, beam_size=1, temperature=0.0, without_timestamps=True,
                      condition_on_previous_text=False, vad_filter=False)
     e2e = {"specli": [], "faster-whisper": []}

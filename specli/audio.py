@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from specli.errors import AudioError
+from specli.fdcapture import LibraryStderr, quiet_stderr
 
 __all__ = [
     "AUDIO_EXTENSIONS",
@@ -61,6 +62,7 @@ AUDIO_EXTENSIONS: frozenset[str] = frozenset(
 
 PathLike = str | os.PathLike[str]
 _ArrayT = TypeVar("_ArrayT", np.ndarray, torch.Tensor)
+_OpenT = TypeVar("_OpenT")
 
 _READ_BLOCK_FRAMES = 1 << 16  # input frames decoded per read
 _MAX_WAV_CHUNKS = 256  # RIFF chunks walked looking for "data"
@@ -73,13 +75,23 @@ def _error(path: PathLike, reason: str) -> AudioError:
     return AudioError(f"{os.fspath(path)}: {reason}")
 
 
-def _sndfile_reason(exc: Exception) -> str:
-    """One-line reason from a soundfile exception, without the path it repeats."""
+def _sndfile_reason(exc: Exception, noise: LibraryStderr | None = None) -> str:
+    """One-line reason from a soundfile exception, without the path it repeats.
+
+    libsndfile reports content it cannot decode behind an '.mp3' name as 'File does not exist or is not
+    a regular file (possibly a pipe?)' (the mp3 decoder gave up); the path was checked to be a regular
+    file already, so that becomes 'not a decodable audio file', with the decoder's own message if any
+    (what it printed on stderr, captured by :func:`quiet_stderr`).
+    """
     detail = getattr(exc, "error_string", None) or str(exc)
     detail = " ".join(detail.split())
     if detail.startswith("Error : "):
         detail = detail[len("Error : ") :]
-    return detail.rstrip(".") or type(exc).__name__
+    detail = detail.rstrip(".") or type(exc).__name__
+    if "possibly a pipe" in detail or detail == "Format not recognised":
+        detail = "not a decodable audio file, no audio format recognised in its content"
+    said = noise.first_line() if noise is not None else None
+    return f"{detail}; decoder said: {said}" if said else detail
 
 
 def _check_path(path: PathLike) -> None:
@@ -132,18 +144,25 @@ def _wav_truncation(path: PathLike) -> str | None:
     return None
 
 
+def _sndfile_open(path: PathLike, opener: Callable[[str], _OpenT]) -> _OpenT:
+    """``opener(path)`` (``sf.SoundFile`` or ``sf.info``) with the decoders' stderr captured, not shown;
+    AudioError with the reason (and what the decoder said) when it fails."""
+    with quiet_stderr() as noise:
+        try:
+            return opener(os.fspath(path))
+        except (sf.LibsndfileError, RuntimeError, OSError) as exc:
+            error = exc
+    kind = "unsupported or corrupt audio file" if isinstance(error, sf.LibsndfileError) else "cannot open audio file"
+    raise _error(path, f"{kind} ({_sndfile_reason(error, noise)})") from error
+
+
 def _open_sound_file(path: PathLike) -> sf.SoundFile:
     """Open ``path`` for decoding, raising AudioError for anything unusable."""
     _check_path(path)
     truncation = _wav_truncation(path)
     if truncation is not None:
         raise _error(path, truncation)
-    try:
-        handle = sf.SoundFile(os.fspath(path))
-    except sf.LibsndfileError as exc:
-        raise _error(path, f"unsupported or corrupt audio file ({_sndfile_reason(exc)})") from exc
-    except (RuntimeError, OSError) as exc:
-        raise _error(path, f"cannot open audio file ({_sndfile_reason(exc)})") from exc
+    handle = _sndfile_open(path, sf.SoundFile)
     if handle.frames <= 0 or handle.samplerate <= 0 or handle.channels <= 0:
         handle.close()
         raise _error(path, "contains no audio samples (zero length)")
@@ -164,12 +183,14 @@ def _decode_blocks(handle: sf.SoundFile, path: PathLike, block_frames: int) -> I
     """Yield mono float32 blocks of at most ``block_frames`` input frames."""
     decoded = 0
     while True:
-        try:
-            block = handle.read(block_frames, dtype="float32", always_2d=True)
-        except sf.LibsndfileError as exc:
-            raise _error(path, f"decoding failed ({_sndfile_reason(exc)})") from exc
-        except (RuntimeError, OSError) as exc:
-            raise _error(path, f"decoding failed ({_sndfile_reason(exc)})") from exc
+        with quiet_stderr() as noise:
+            try:
+                block = handle.read(block_frames, dtype="float32", always_2d=True)
+                error: Exception | None = None
+            except (sf.LibsndfileError, RuntimeError, OSError) as exc:
+                error = exc
+        if error is not None:
+            raise _error(path, f"decoding failed ({_sndfile_reason(error, noise)})") from error
         if block.shape[0] == 0:
             break
         decoded += block.shape[0]
@@ -206,12 +227,7 @@ def load_audio(path: PathLike, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
 def audio_duration(path: PathLike) -> float:
     """Duration of ``path`` in seconds from its header, without decoding it."""
     _check_path(path)
-    try:
-        info = sf.info(os.fspath(path))
-    except sf.LibsndfileError as exc:
-        raise _error(path, f"unsupported or corrupt audio file ({_sndfile_reason(exc)})") from exc
-    except (RuntimeError, OSError) as exc:
-        raise _error(path, f"cannot open audio file ({_sndfile_reason(exc)})") from exc
+    info = _sndfile_open(path, sf.info)
     if info.samplerate <= 0:
         raise _error(path, "invalid sample rate in header")
     return info.frames / info.samplerate

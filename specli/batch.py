@@ -7,17 +7,20 @@ options, call :func:`run_batch` and print.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specli.audio import AUDIO_EXTENSIONS, iter_audio_chunks
+from specli.engines.language import check_model_name, check_model_support, normalize_language
 from specli.engines.strategies import Engine, load_engine
 from specli.engines.targets.loader import WhisperModel
 from specli.engines.transcription import FileResult, TranscribeOptions, transcribe_stream
 from specli.errors import AudioError, SpecliError
 from specli.presets import DEFAULT_PRESET, Preset, load_preset
-from specli.writers import WRITERS, to_json, write_atomic
+from specli.resume import ResumeMode, decide, sidecar_path, write_sidecar
+from specli.vad import VadOptions, transcribe_speech
+from specli.writers import WRITERS, SubtitleOptions, result_record, to_json, write_atomic
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class Outcome:
     error: str | None = None  # one-line reason, when it failed
     skipped: bool = False
     outputs: tuple[Path, ...] = ()
+    record: dict | None = None  # the file's JSON record (read back from disk when skipped; None if absent)
 
 
 def discover(inputs: Iterable[str]) -> tuple[list[tuple[Path, Path]], list[Outcome]]:
@@ -87,15 +91,33 @@ def output_paths(item: InputFile, formats: Sequence[str]) -> list[Path]:
     return [item.output_base.with_name(f"{item.output_base.name}.{fmt}") for fmt in formats]
 
 
-def render(result: FileResult, fmt: str, source: str) -> str:
-    return to_json(result, source) if fmt == "json" else WRITERS[fmt](result)
+def render(result: FileResult, fmt: str, source: str, subtitles: SubtitleOptions | None = None) -> str:
+    if fmt == "json":
+        return to_json(result, source)
+    if fmt in ("srt", "vtt") and subtitles is not None:
+        return WRITERS[fmt](result, subtitles)
+    return WRITERS[fmt](result)
 
 
 def transcribe_file(model: WhisperModel, path: Path, opts: TranscribeOptions, decode=None,
-                    on_window: Callable[[float], None] | None = None) -> FileResult:
-    """Transcribe one file with streaming audio; raises :class:`AudioError` for bad input."""
+                    on_window: Callable[[float], None] | None = None, vad: VadOptions | None = None) -> FileResult:
+    """Transcribe one file with streaming audio; raises :class:`AudioError` for bad input.
+
+    With ``vad``, the file is read fully and only its speech is transcribed (``specli.vad``).
+    """
     kwargs = {} if decode is None else {"decode": decode}
+    if vad is not None:
+        return transcribe_speech(model, iter_audio_chunks(path), opts, vad, on_window=on_window, **kwargs)
     return transcribe_stream(model, iter_audio_chunks(path), opts, on_window=on_window, **kwargs)
+
+
+def text_settings(preset: Preset, opts: TranscribeOptions, extra: Mapping[str, object] | None = None) -> dict:
+    """The settings that change the text, fingerprinted beside every output (``specli.resume``).
+
+    Every field of ``opts`` is included, so a new ``TranscribeOptions`` field is covered without more
+    work; settings that live elsewhere (a decoding or VAD option) go into ``extra``.
+    """
+    return {"preset": preset.name, "model": preset.model, "dtype": preset.dtype, **asdict(opts), **(extra or {})}
 
 
 def run_batch(
@@ -106,22 +128,41 @@ def run_batch(
     overwrite: bool = False,
     decode=None,
     on_window: Callable[[Path, float], None] | None = None,
+    settings: Mapping[str, object] | None = None,
+    mode: ResumeMode | None = None,
+    on_redo: Callable[[Path, str], None] | None = None,
+    vad: VadOptions | None = None,
+    subtitles: SubtitleOptions | None = None,
 ) -> Iterator[Outcome]:
-    """Transcribe each item and write its outputs atomically; skip items whose outputs all exist."""
+    """Transcribe each item and write its outputs atomically, with a sidecar of the settings used.
+
+    An item whose outputs all exist is skipped when they were made with the same ``settings`` (default:
+    the fields of ``opts``); otherwise it is redone and ``on_redo(path, reason)`` says why. ``mode``
+    "overwrite" (or ``overwrite=True``) always redoes, "skip-existing" keeps whatever exists.
+    """
+    settings = dict(settings) if settings is not None else {**asdict(opts), **({"vad": asdict(vad)} if vad else {})}
+    mode = mode or ("overwrite" if overwrite else "changed")
     for item in items:
         outs = output_paths(item, formats)
-        if not overwrite and outs and all(o.is_file() for o in outs):
-            yield Outcome(item.path, skipped=True, outputs=tuple(outs))
+        decision = decide(outs, item.output_base, settings, mode)
+        if decision.skip:
+            record = None if decision.record is None else {**decision.record, "source": str(item.path)}
+            yield Outcome(item.path, skipped=True, outputs=tuple(outs), record=record)
             continue
+        if decision.redo_reason and on_redo is not None:
+            on_redo(item.path, decision.redo_reason)
         try:
             cb = (lambda s, p=item.path: on_window(p, s)) if on_window else None
-            result = transcribe_file(model, item.path, opts, decode, cb)
+            result = transcribe_file(model, item.path, opts, decode, cb, vad)
         except AudioError as exc:
             yield Outcome(item.path, error=str(exc))
             continue
-        for fmt, out in zip(formats, outs):
-            write_atomic(out, render(result, fmt, str(item.path)))
-        yield Outcome(item.path, result=result, outputs=tuple(outs))
+        record = result_record(result, str(item.path))
+        texts = {out: render(result, fmt, str(item.path), subtitles) for fmt, out in zip(formats, outs)}
+        write_sidecar(sidecar_path(item.output_base), settings, texts, record)  # first: see specli.resume
+        for out, text in texts.items():
+            write_atomic(out, text)
+        yield Outcome(item.path, result=result, outputs=tuple(outs), record=record)
 
 
 def transcribe(
@@ -129,18 +170,24 @@ def transcribe(
     preset: str | Preset = DEFAULT_PRESET,
     options: TranscribeOptions = TranscribeOptions(),
     engine: Engine | None = None,
+    vad: VadOptions | None = None,
 ) -> Iterator[Outcome]:
     """Library entry point: transcribe files and directories, yielding one :class:`Outcome` each.
 
-    Nothing is written; failures are reported in ``Outcome.error`` and the batch goes on. Pass a
+    Nothing is written; failures are reported in ``Outcome.error`` and the batch goes on. A language
+    Whisper does not know, or one the model cannot do, raises :class:`specli.errors.UsageError`. Pass a
     loaded ``engine`` (``specli.engines.strategies.load_engine``) to reuse it across calls.
     """
     p = preset if isinstance(preset, Preset) else load_preset(preset)
-    engine = engine or load_engine(p, language=options.language)
+    options = replace(options, language=normalize_language(options.language))
+    if engine is None:
+        check_model_name(p.model, options.task, options.language)
+        engine = load_engine(p, language=options.language)
+    check_model_support(engine.model.special, engine.preset.model, options.task, options.language)
     found, bad = discover(str(i) for i in inputs)
     yield from bad
     for path, _root in found:
         try:
-            yield Outcome(path, result=transcribe_file(engine.model, path, options, engine.decode))
+            yield Outcome(path, result=transcribe_file(engine.model, path, options, engine.decode, vad=vad))
         except SpecliError as exc:
             yield Outcome(path, error=str(exc))

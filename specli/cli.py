@@ -1,7 +1,8 @@
 """The ``specli`` command: a Click group with lazily imported subcommands.
 
 Domain errors (:class:`specli.errors.SpecliError`) are translated to a message and exit code here,
-once; library code never prints.
+once; library code never prints. Exit codes: 0 ok, 1 some inputs failed, 2 usage or preset error,
+3 model could not be loaded, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import click
 from specli import __version__
 from specli.errors import SpecliError
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
 SUBCOMMANDS = {
     "transcribe": "specli.commands.transcribe:transcribe",
     "translate": "specli.commands.transcribe:translate",
@@ -21,6 +24,7 @@ SUBCOMMANDS = {
     "models": "specli.commands.presets:models",
     "bench": "specli.commands.bench:bench",
     "distill": "specli.commands.distill:distill",
+    "synthesize": "specli.commands.synthesize:synthesize",
 }
 
 
@@ -43,12 +47,15 @@ class LazyGroup(click.Group):
         except SpecliError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:  # commands that print a summary catch it themselves
+            click.echo("interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
 
 
 @click.group(cls=LazyGroup)
 @click.version_option(__version__, prog_name="specli")
 def main() -> None:
-    """Offline batch speech transcription and translation with lossless speculative decoding."""
+    """Offline batch speech transcription, translation and synthesis with lossless speculative decoding."""
 
 
 if __name__ == "__main__":

@@ -25,3 +25,10 @@ class PresetError(SpecliError):
     """A preset is unknown or has invalid or unknown keys."""
 
     exit_code = 2
+
+
+class UsageError(SpecliError):
+    """An option value is invalid or does not fit the model (an unknown language, translate with an
+    English-only model); reported before any input is processed."""
+
+    exit_code = 2

@@ -21,6 +21,7 @@ class RunSummary:
     skipped: int = 0
     audio_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+    interrupted: bool = False  # the run was stopped (Ctrl-C) before every input was done
 
     def add(self, outcome: Outcome) -> None:
         if outcome.error:
@@ -37,6 +38,7 @@ class RunSummary:
         return (
             f"files: {self.ok} ok, {self.failed} failed, {self.skipped} skipped; "
             f"audio {self.audio_seconds / 3600:.3f} h; wall {wall:.1f} s; RTF {rtf:.3f}"
+            + ("; interrupted" if self.interrupted else "")
         )
 
 

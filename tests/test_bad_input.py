@@ -59,6 +59,11 @@ REASONS = {
 }
 
 
+def visible(folder) -> list[str]:
+    """Output names, without the hidden resume sidecars (``.<name>.specli``)."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+
+
 def _summary(stderr: str) -> tuple[int, int, int]:
     m = SUMMARY.search(stderr.strip().splitlines()[-1])
     assert m, stderr
@@ -87,7 +92,7 @@ def test_every_bad_input_reported_and_good_files_still_transcribed(bad, tmp_path
     # the good files of the same run were transcribed and written; stdout has only their records
     recs = [json.loads(line) for line in res.stdout.splitlines()]
     assert sorted(r["source"] for r in recs) == sorted(str(g) for g in good)
-    assert sorted(p.name for p in out.iterdir()) == sorted(f"{g.stem}.txt" for g in good)
+    assert visible(out) == sorted(f"{g.stem}.txt" for g in good)
     for g in good:
         ref = set(re.findall(r"\w+", g.with_suffix(".txt").read_text().lower()))
         got = set(re.findall(r"\w+", (out / f"{g.stem}.txt").read_text().lower()))
@@ -101,12 +106,12 @@ def test_fail_fast_stops_at_the_first_failure(bad, tmp_path):
     assert res.exit_code != 0
     assert str(bad["truncated"]) in res.stderr and "truncated" in res.stderr
     assert _summary(res.stderr) == (1, 1, 0)
-    assert sorted(p.name for p in out.iterdir()) == [f"{first.stem}.txt"]  # the file after it was not done
+    assert visible(out) == [f"{first.stem}.txt"]  # the file after it was not done
 
     # without --fail-fast the same run goes on to the last file
     res = run("transcribe", first, bad["truncated"], last, *TINY, "-o", out)
     assert res.exit_code != 0 and _summary(res.stderr) == (1, 1, 1)
-    assert sorted(p.name for p in out.iterdir()) == sorted(f"{c.stem}.txt" for c in (first, last))
+    assert visible(out) == sorted(f"{c.stem}.txt" for c in (first, last))
 
 
 def test_only_bad_inputs_exit_non_zero_without_output(bad, tmp_path):

@@ -8,8 +8,10 @@ import pytest
 
 from specli.bench.references import load_references, manifest_references
 from specli.bench.render import markdown, write_report
-from specli.bench.report import Bins, Run, SystemInfo, acceptance_stats, aggregate, build_report
-from specli.bench.wer import cer, edit_distance, error_counts, normalize, wer
+from specli.bench.report import Bins, Run, Skip, SystemInfo, acceptance_stats, aggregate, build_report
+from specli.bench.runlog import RunLog, read_runlog
+from specli.bench.wer import cer, error_counts, normalize, wer
+from specli.engines.types import DecodeStats
 
 AR = SystemInfo("base-ar", "preset", "base", "ar")
 SPEC = SystemInfo("base-spec", "preset", "base", "chain")
@@ -20,10 +22,12 @@ PEER = SystemInfo("hf", "peer", "base")
 
 def run(system, file, repeat=0, audio=2.0, wall=1.0, decode=0.5, tokens=10, steps=0, forwards=None,
         ids=(1, 2, 3), text="hello world", attempts=(), accepts=()):
-    return Run(system, file, repeat, audio, wall, encode_seconds=0.2, decode_seconds=decode, tokens=tokens,
-               target_forwards=forwards if forwards is not None else tokens, verify_steps=steps,
-               position_attempts=tuple(attempts), position_accepts=tuple(accepts),
-               token_ids=None if ids is None else tuple(ids), text=text)
+    if ids is None:  # a peer: no decode counters
+        return Run(system, file, repeat, audio, wall, text=text)
+    stats = DecodeStats(tokens=tokens, target_forwards=forwards if forwards is not None else tokens,
+                        decode_seconds=decode, verify_steps=steps, position_attempts=list(attempts),
+                        position_accepts=list(accepts))
+    return Run(system, file, repeat, audio, wall, encode_seconds=0.2, decode=stats, token_ids=tuple(ids), text=text)
 
 
 def summary(report, name):
@@ -36,7 +40,7 @@ def test_medians_over_repeats_and_stability():
     runs.append(run("base-spec", "a", 1, text="y"))
     utts = aggregate(runs)
     u = utts[("base-ar", "a")]
-    assert u.run.wall_seconds == 2.0 and u.run.decode_seconds == 2.0
+    assert u.run.wall_seconds == 2.0 and u.run.decode.decode_seconds == 2.0
     assert u.walls == (3.0, 1.0, 2.0) and u.stable
     assert not utts[("base-spec", "a")].stable
     even = aggregate([run("s", "f", 0, wall=4.0), run("s", "f", 1, wall=1.0)])[("s", "f")]
@@ -111,9 +115,14 @@ def test_losslessness_counts_tokens_text_and_own_model_reference():
 
 
 def test_normalizer_and_error_rates():
-    assert normalize("  Hello,   World!  It's  \"fine\"... ") == "hello world it's fine"
-    assert edit_distance("kitten", "sitting") == 3
-    assert edit_distance([], ["a"]) == 1
+    # Whisper's English normaliser: contractions, titles, British spellings, numbers, fillers
+    assert normalize("  Hello,   World!  It's  \"fine\".  ") == "hello world it is fine"
+    spoken = "Mr. Smith paid twenty-five dollars for the colour TV, um."
+    assert normalize(spoken) == "mister smith paid $25 for the color tv"
+    assert wer("and mister john dashwood", "And Mr. John Dashwood.") == 0.0
+    # other languages: Whisper's basic normaliser (lower case, no punctuation, accents kept)
+    assert normalize("¿Hola, Señor? Ça va!", "es") == "hola señor ça va"
+    assert wer("Merci d'avoir essayé.", "merci d avoir essayé", "fr") == 0.0
     assert wer("the cat sat on the mat", "The cat sat on a mat.") == pytest.approx(1 / 6)
     assert wer("a b c", "a c") == pytest.approx(1 / 3)
     assert wer("a b", "a b x y") == pytest.approx(2 / 2)
@@ -123,8 +132,8 @@ def test_normalizer_and_error_rates():
 
 
 def test_corpus_wer_in_report():
-    runs = [run("base-ar", "a", text="one two three four"), run("base-ar", "b", text="x")]
-    rep = build_report([AR], "base-ar", runs, references={"a": "one two three five", "c": "unused"})
+    runs = [run("base-ar", "a", text="the red fox jumps"), run("base-ar", "b", text="x")]
+    rep = build_report([AR], "base-ar", runs, references={"a": "the red fox sleeps", "c": "unused"})
     err = summary(rep, "base-ar")["errors"]
     assert err["utterances"] == 1 and err["wer"] == pytest.approx(0.25)
     assert build_report([AR], "base-ar", runs)["summaries"][0]["errors"] is None
@@ -178,3 +187,88 @@ def test_bench_library_imports_no_cli_packages():
     code = ("import sys, specli.bench.runner, specli.bench.render; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('click', 'rich')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_skips_are_counted_listed_and_rendered():
+    runs = [run("base-ar", "a"), run("base-ar", "long", audio=40.0), run("hf", "a", ids=None)]
+    skips = [Skip("hf", "long", -1, 40.0, "warm-up only"),  # warm-up skips are warned, not reported
+             Skip("hf", "long", 0, 40.0, "transformers cannot"), Skip("hf", "long", 1, 40.0, "transformers cannot")]
+    rep = build_report([AR, PEER], "base-ar", runs, skips=skips)
+    assert rep["skipped"] == [{"system": "hf", "file": "long", "audio_seconds": 40.0, "reason": "transformers cannot",
+                               "repeats": [0, 1]}]
+    assert (summary(rep, "hf")["utterances"], summary(rep, "hf")["skipped"]) == (1, 1)
+    assert summary(rep, "base-ar")["skipped"] == 0
+    rep["machine"] = {"cpu": "c", "cpu_count": 2, "threads": 2, "platform": "x", "versions": {},
+                      "loadavg_before": None, "loadavg_after": None}
+    rep["run"] = {"command": "c", "date": "d", "elapsed_seconds": None, "inputs": ["a", "long"], "input_errors": [],
+                  "references": None, "references_found": 0, "options": {"repeat": 2, "warmup": True}}
+    md = markdown(rep)
+    assert "## Skipped runs" in md and "| hf | long | 40.0 | 1, 2 | transformers cannot |" in md
+    assert "| hf | peer | 1 | 1 |" in md and "| base-ar | preset | 2 | 0 |" in md
+    assert "elapsed - s" in md and "on clips over 30 s only" in md
+    assert "## Skipped runs" not in markdown({**rep, "skipped": []})
+
+
+def test_unknown_baseline_is_a_clear_error():
+    with pytest.raises(ValueError, match="baseline 'my.toml' is not one of the systems"):
+        build_report([AR], "my.toml", [run("base-ar", "a")])
+
+
+def test_run_records_round_trip_through_runs_jsonl(tmp_path):
+    path = tmp_path / "out" / "runs.jsonl"
+    log = RunLog(path, {"systems": [AR.__dict__, PEER.__dict__], "baseline": "base-ar", "options": {"repeat": 1}})
+    assert [json.loads(line)["kind"] for line in path.read_text().splitlines()] == ["header"]
+    records = [run("base-ar", "a", tokens=7, steps=3, attempts=[3, 2], accepts=[2, 1], text="héllo"),
+               run("hf", "a", ids=None, text="hello"), Skip("hf", "b", 0, 31.5, "why")]
+    for i, record in enumerate(records, 1):
+        log.add(record)
+        assert len(path.read_text().splitlines()) == 1 + i  # on disk, whole, after every record
+    assert not list(path.parent.glob(".*.part"))  # written through a temporary file and a rename
+    data = read_runlog(path)
+    assert data.runs == records[:2] and data.skips == records[2:]
+    assert data.runs[0].decode.position_accepts == [2, 1] and data.runs[0].token_ids == (1, 2, 3)
+    assert data.runs[1].decode is None and data.baseline == "base-ar" and data.systems == [AR, PEER]
+    path.write_text(path.read_text() + '{"kind": "run", "system": \n')
+    with pytest.raises(ValueError, match=r"runs.jsonl:5: not a specli bench record"):
+        read_runlog(path)
+
+
+def test_missing_scoring_packages_are_named(monkeypatch):
+    import importlib.util
+
+    from specli.bench import wer as wer_mod
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jiwer" else real(name, *a))
+    assert wer_mod.missing_packages() == ["jiwer"]
+    with pytest.raises(wer_mod.WerPackagesMissing, match=r"WER scoring needs jiwer: pip install 'specli\[bench\]'"):
+        wer_mod.require()
+
+
+def test_cli_rebuilds_a_report_from_runs_as_a_subprocess(tmp_path):
+    """`python -m specli bench --from-runs`: no model, no measurement; a bad file is a one-line error."""
+    import subprocess
+    import sys
+
+    runs = tmp_path / "runs.jsonl"
+    header = {"systems": [AR.__dict__, SPEC.__dict__, PEER.__dict__], "baseline": "base-ar", "command": "specli bench x",
+              "date": "2026-01-01T00:00:00+00:00", "options": {"repeat": 1, "warmup": False, "timestamps": None},
+              "bins": [3.0], "inputs": ["a.wav"], "input_errors": [], "references": None,
+              "machine": {"cpu": "c", "cpu_count": 2, "threads": 2, "platform": "p", "versions": {},
+                          "loadavg_before": None}}
+    log = RunLog(runs, header)
+    for record in (run("base-ar", "a.wav", wall=2.0), run("base-spec", "a.wav", wall=1.0, steps=4),
+                   run("hf", "a.wav", ids=None, text="Hello, world."), Skip("hf", "b.wav", 0, 31.0, "cannot")):
+        log.add(record)
+    out = tmp_path / "report"
+    cmd = [sys.executable, "-m", "specli", "bench", "--from-runs", str(runs), "--out", str(out), "--no-plots"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "warning: 1 system/file pair(s) skipped on 1 file(s)" in done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["bins"]["edges"] == [3.0]  # the measurement's bins
+    assert summary(report, "base-spec")["speedup_e2e"] == pytest.approx(2.0)
+    assert summary(report, "hf")["lossless"]["identical"] == 1  # "Hello, world." == "hello world" normalised
+    runs.write_text("not json\n")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "runs.jsonl:1: not a specli bench record" in done.stderr, done.stderr

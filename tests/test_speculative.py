@@ -67,17 +67,51 @@ def test_speculative_greedy_equals_greedy(name, audio_seed, extra, timestamps, m
     assert out.stats.verify_steps <= ref.stats.target_forwards
 
 
-def test_drafter_that_is_the_target_accepts_everything():
+class RecordingDrafter:
+    """Wraps a drafter and keeps every proposal it made (chains: their tokens, in order)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.proposals = inner, []
+
+    def start(self, state, prompt: list[int]) -> None:
+        self.inner.start(state, prompt)
+
+    def propose(self, request):
+        proposal = self.inner.propose(request)
+        assert all(p == i - 1 for i, p in enumerate(proposal.parents))  # a chain
+        self.proposals.append(list(proposal.tokens))
+        return proposal
+
+    def commit(self, tokens: list[int]) -> None:
+        self.inner.commit(tokens)
+
+
+# window seed 1 decodes 31 tokens then eot within 40 (the eot case); seed 3 is cut by the length limit
+@pytest.mark.parametrize(("audio_seed", "finished"), [(1, True), (3, False)])
+def test_drafter_that_is_the_target_accepts_everything(audio_seed, finished):
     rules = tiny_rules(False)
     prompt = _prompt([], False)
-    ref = greedy_decode(TARGET, window(TARGET, 3), prompt, rules, EOT, 40)
-    out = speculative_decode(TARGET, window(TARGET, 3), prompt, rules, EOT, 40,
-                             drafter=ModelDrafter(TARGET, share_encoder=True), options=SpecOptions(max_draft=4))
-    assert out.tokens == ref.tokens
+    ref = greedy_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, 40)
+    assert ref.finished == finished and len(ref.tokens) >= 20  # the inputs are what this test is about
+    drafter = RecordingDrafter(ModelDrafter(TARGET, share_encoder=True))
+    out = speculative_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, 40,
+                             drafter=drafter, options=SpecOptions(max_draft=4))
+    assert out.tokens == ref.tokens and out.finished == ref.finished
     st_ = out.stats
-    assert st_.accepted == sum(st_.position_attempts[:4]) - 0 or st_.accepted > 0
-    assert all(a == t for a, t in zip(st_.position_accepts[:-1], st_.position_attempts[:-1]))
-    assert st_.verify_steps <= -(-len(ref.tokens) // 5) + 1
+    # the drafter is the target: every drafted token up to the end is accepted. A drafted eot is
+    # accepted as the step's last token (counted like a bonus), drafts past the end are not.
+    *whole, last = drafter.proposals
+    emitted = len(ref.tokens) + ref.finished  # eot included
+    left = emitted - sum(len(p) + 1 for p in whole)  # tokens the last step emits: accepted + 1
+    used_last = last.index(EOT) if EOT in last else min(len(last), left - 1)
+    assert st_.drafted == sum(len(p) for p in drafter.proposals)
+    assert st_.accepted == sum(len(p) for p in whole) + used_last
+    assert all(len(p) == 4 for p in whole)
+    assert st_.tokens == emitted and st_.verify_steps == -(-emitted // 5)  # 4 accepted + 1 per forward
+    assert st_.acceptance_length > 4.0
+    # per depth, every attempt was accepted except one at the last step when it drafted past the end
+    misses = sum(st_.position_attempts) - sum(st_.position_accepts)
+    assert misses == int(used_last < len(last))
 
 
 def test_always_wrong_drafter_costs_one_forward_per_token():
@@ -96,7 +130,11 @@ def test_ngram_pool_learns_across_windows():
     rules = tiny_rules(False)
     prompt = _prompt([], False)
     drafter = NgramDrafter(NgramPool(4), EOT)
-    first = speculative_decode(TARGET, window(TARGET, 5), prompt, rules, EOT, 30, drafter=drafter)
-    again = speculative_decode(TARGET, window(TARGET, 5), prompt, rules, EOT, 30, drafter=drafter)
+    first = speculative_decode(TARGET, window(TARGET, 1), prompt, rules, EOT, 40, drafter=drafter)
+    assert first.finished and len(first.tokens) >= 20  # window seed 1: 31 tokens, then eot
+    again = speculative_decode(TARGET, window(TARGET, 1), prompt, rules, EOT, 40, drafter=drafter)
     assert again.tokens == first.tokens
-    assert again.stats.target_forwards < first.stats.target_forwards or len(first.tokens) < 3
+    # the pool now holds the whole first hypothesis: the repeat drafts most of it from there
+    assert again.stats.target_forwards < first.stats.target_forwards
+    assert again.stats.accepted > first.stats.accepted
+    assert again.stats.accepted >= len(first.tokens) // 2

@@ -11,6 +11,7 @@ import stat
 import pytest
 
 from specli.engines.transcription import FileResult, FileStats, Segment
+from specli.engines.types import DecodeStats
 from specli.writers import FORMATS, WRITERS, result_record, to_json, to_srt, to_tsv, to_txt, to_vtt, write_atomic
 
 SRT_TIME = re.compile(r"^(\d{2,}):([0-5]\d):([0-5]\d),(\d{3})$")
@@ -22,7 +23,7 @@ def seg(start: float, end: float, text: str, tokens: tuple[int, ...] = (1, 2)) -
 
 
 def result(*segments: Segment) -> FileResult:
-    return FileResult("en", 0.98, list(segments), FileStats(audio_seconds=12.5, windows=1, tokens=7))
+    return FileResult("en", 0.98, list(segments), FileStats(audio_seconds=12.5, windows=1, decode=DecodeStats(tokens=7)))
 
 
 def _seconds(stamp: str, pattern: re.Pattern) -> float:
@@ -179,7 +180,7 @@ def test_unicode_survives_a_write_and_read_back(tmp_path, fmt):
 
 def test_json_parses_back_to_the_same_segments():
     segs = [seg(0.0, 2.48, " One.", (1, 2, 3)), seg(2.48, 61.02, " Twő 中", (4,)), seg(61.02, 61.02, "", ())]
-    r = FileResult("fr", 0.875, segs, FileStats(audio_seconds=61.5, windows=3, tokens=9, skipped_windows=1))
+    r = FileResult("fr", 0.875, segs, FileStats(audio_seconds=61.5, windows=3, skipped_windows=1, decode=DecodeStats(tokens=9)))
     data = json.loads(to_json(r, "dir/ä.wav"))
     assert data == result_record(r, "dir/ä.wav")
     assert data["source"] == "dir/ä.wav" and data["language"] == "fr" and data["language_probability"] == 0.875

@@ -15,7 +15,8 @@ EOT, SOT, NO_TS, TB = 2, 3, 4, 36  # ids of the control tokens; 36.. are timesta
 SUPPRESSED = 5
 
 
-def tiny_target(seed: int, layers: int = 2, init_std: float = 0.3) -> WhisperTarget:
+def tiny_target(seed: int, layers: int = 2, init_std: float = 0.3, dtype: torch.dtype = torch.float32,
+                device: str = "cpu") -> WhisperTarget:
     torch.manual_seed(seed)
     cfg = transformers.WhisperConfig(
         vocab_size=VOCAB, num_mel_bins=80, d_model=32, encoder_layers=1, encoder_attention_heads=2,
@@ -24,7 +25,7 @@ def tiny_target(seed: int, layers: int = 2, init_std: float = 0.3) -> WhisperTar
         eos_token_id=EOT, decoder_start_token_id=SOT, init_std=init_std,
     )
     hf = transformers.WhisperForConditionalGeneration(cfg).eval()
-    return WhisperTarget(WhisperDims.from_hf_config(cfg.to_dict()), hf.state_dict())
+    return WhisperTarget(WhisperDims.from_hf_config(cfg.to_dict()), hf.state_dict(), dtype, device)
 
 
 def tiny_rules(timestamps: bool = False) -> WhisperLogitRules:

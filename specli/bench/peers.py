@@ -1,6 +1,10 @@
 """Peer implementations run on the same weights with greedy decoding: transformers and faster-whisper.
 
-Each peer transcribes an in-memory 16 kHz clip (at most 30 s) and returns its text; the runner times it.
+Each peer transcribes an in-memory 16 kHz clip of any length and returns its text; the runner times it.
+A clip over 30 s is decoded the way each library does long-form: Whisper's sequential 30-second windows,
+seeking to the last timestamp token and prompting each window with the previous text (transformers:
+``generate`` on the whole unpadded log-mel; faster-whisper: ``transcribe``). Without timestamp tokens
+faster-whisper steps by whole windows, and transformers refuses long-form: :class:`PeerCannot`.
 """
 
 from __future__ import annotations
@@ -20,13 +24,18 @@ from specli.engines.targets.resolve import BUNDLED, cache_root, find_package_dir
 from specli.errors import SpecliError
 
 PEERS = ("hf", "faster-whisper")
-MAX_PEER_SECONDS = 30.0
+#: Longest clip a peer decodes as one window without timestamps; longer ones go through long-form decoding.
+MAX_SHORT_FORM_SECONDS = 30.0
 
 
 class BenchError(SpecliError):
     """A benchmark cannot run as asked (unknown peer, missing package, unsuitable model)."""
 
     exit_code = 2
+
+
+class PeerCannot(Exception):
+    """This peer cannot decode this clip as asked; the message says why (the run is reported as skipped)."""
 
 
 class HFPeer:
@@ -37,25 +46,41 @@ class HFPeer:
     def __init__(self, model: WhisperModel) -> None:
         from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
+        self.device = model.target.device  # the target's device; float32 weights there
         self.model = WhisperForConditionalGeneration.from_pretrained(model.path, dtype=torch.float32).eval()
+        self.model.to(self.device)
         self.features = WhisperFeatureExtractor.from_pretrained(model.path)
         self.tokenizer = model.tokenizer
         self.multilingual = model.special.multilingual
         self.eot = model.special.eot
 
-    def transcribe(self, audio: np.ndarray, language: str | None) -> str:
-        feats = self.features(audio, sampling_rate=16000, return_tensors="pt").input_features
-        kwargs: dict = {"do_sample": False, "num_beams": 1}
+    def transcribe(self, audio: np.ndarray, language: str | None, timestamps: bool) -> str:
+        kwargs: dict = {"do_sample": False, "num_beams": 1, "return_timestamps": timestamps}
         if self.multilingual:
-            kwargs.update(language=language or "en", task="transcribe", return_timestamps=False)
+            kwargs.update(language=language or "en", task="transcribe")
+        if len(audio) <= MAX_SHORT_FORM_SECONDS * 16000:
+            feats = self.features(audio, sampling_rate=16000, return_tensors="pt").input_features
+        elif not timestamps:
+            raise PeerCannot("transformers decodes audio over 30 s only with timestamp tokens (long-form "
+                             "seeking); drop --no-timestamps to compare it on this file")
+        else:  # sequential long-form: the whole log-mel, unpadded, seeking by timestamps
+            inputs = self.features(audio, sampling_rate=16000, return_tensors="pt", truncation=False,
+                                   padding="longest", return_attention_mask=True)
+            feats = inputs.input_features
+            # Whisper's defaults, as specli and faster-whisper use them: one temperature (no fallback), the
+            # previous text as prompt, and the no-speech check (<|nospeech|> > 0.6 and avg log-prob < -1)
+            kwargs.update(attention_mask=inputs.attention_mask, condition_on_prev_tokens=True, temperature=0.0,
+                          no_speech_threshold=0.6, logprob_threshold=-1.0)
+        if "attention_mask" in kwargs:
+            kwargs["attention_mask"] = kwargs["attention_mask"].to(self.device)
         with torch.inference_mode():
-            out = self.model.generate(feats, **kwargs)
-        ids = [int(t) for t in out[0] if int(t) < self.eot]
+            out = self.model.generate(feats.to(self.device), **kwargs)
+        ids = [int(t) for t in out[0] if int(t) < self.eot]  # text tokens: no specials, no timestamps
         return self.tokenizer.decode(ids).strip()
 
 
 class FasterWhisperPeer:
-    """faster-whisper (CTranslate2) on the bundled CTranslate2 weights, greedy, no timestamps, no VAD."""
+    """faster-whisper (CTranslate2) on the bundled CTranslate2 weights, greedy, no VAD."""
 
     name = "faster-whisper"
 
@@ -65,13 +90,16 @@ class FasterWhisperPeer:
         from faster_whisper import WhisperModel as FWModel
 
         path = ct2_dir(model.name)
-        self.model = FWModel(str(path), device="cpu", compute_type="float32", cpu_threads=threads or 0)
+        dev = model.target.device  # the same device and numeric type as the specli target it is compared with
+        compute = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(model.target.dtype, "float32")
+        self.model = FWModel(str(path), device=dev.type, device_index=dev.index or 0, compute_type=compute,
+                             cpu_threads=threads or 0)
 
-    def transcribe(self, audio: np.ndarray, language: str | None) -> str:
+    def transcribe(self, audio: np.ndarray, language: str | None, timestamps: bool) -> str:
         segments, _info = self.model.transcribe(
             audio, language=language or "en", task="transcribe", beam_size=1, temperature=0.0,
-            condition_on_previous_text=False, without_timestamps=True, vad_filter=False)
-        return "".join(s.text for s in segments).strip()
+            condition_on_previous_text=True, without_timestamps=not timestamps, vad_filter=False)
+        return "".join(s.text for s in segments).strip()  # decoding happens while iterating: timed
 
 
 def ct2_dir(name: str, root: Path | None = None) -> Path:

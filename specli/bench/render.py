@@ -36,7 +36,7 @@ def _header(report: dict) -> list[str]:
     v = ", ".join(f"{k} {val}" for k, val in m["versions"].items() if val)
     return [
         "# specli bench report", "",
-        f"- date: {r['date']}; elapsed {r['elapsed_seconds']} s",
+        f"- date: {r['date']}; elapsed {fmt(r['elapsed_seconds'], 1)} s",
         f"- command: `{r['command']}`",
         f"- machine: {m['cpu']} ({m['cpu_count']} cores), {m['threads']} threads; {m['platform']}",
         f"- load average (1/5/15 min) before: {m['loadavg_before']}, after: {m['loadavg_after']}",
@@ -44,14 +44,25 @@ def _header(report: dict) -> list[str]:
         f"- inputs: {len(r['inputs'])} files; repeats: {opts['repeat']} (warm-up: {opts['warmup']}); "
         f"interleaved per file; per file, times come from the repeat with the median wall time; "
         f"totals are sums over files",
-        f"- baseline: `{report['baseline']}`; timestamps: {opts['timestamps']}; "
-        f"references: {r['references'] or 'none'} ({r['references_found']} found)", "",
+        f"- baseline: `{report['baseline']}`; timestamp tokens: {_timestamps(opts.get('timestamps'))}; "
+        f"references: {r['references'] or 'none'} ({r['references_found']} found)",
+        *(["- peers: same weights, greedy, one temperature; clips over 30 s long-form (sequential 30-s windows, "
+           "each prompted with the previous text), as specli decodes them"]
+          if any(s["kind"] == "peer" for s in report["systems"]) else []),
+        "",
     ]
+
+
+def _timestamps(asked: bool | None) -> str:
+    if asked is None:
+        return "on clips over 30 s only (long-form seeking), for presets and peers"
+    return "always" if asked else "never (long clips in fixed 30-s windows)"
 
 
 def _summary_tables(report: dict) -> list[str]:
     s = report["summaries"]
-    time_rows = [[x["system"], x["kind"], x["utterances"], fmt(x["audio_seconds"]), fmt(x["wall_seconds"], 3),
+    time_rows = [[x["system"], x["kind"], x["utterances"], fmt(x.get("skipped", 0)), fmt(x["audio_seconds"]),
+                  fmt(x["wall_seconds"], 3),
                   fmt(x["rtf"], 3), fmt(x["encode_seconds"], 3), fmt(x["decode_seconds"], 3),
                   fmt(x["draft_seconds"], 3), fmt(x["verify_seconds"], 3), fmt(x["other_seconds"], 3)] for x in s]
     spec_rows = [[x["system"], fmt(x["tokens"]), fmt(x["target_forwards"]), fmt(x.get("acceptance_micro")),
@@ -59,8 +70,8 @@ def _summary_tables(report: dict) -> list[str]:
                   _x(x["speedup_e2e"]), _x(x["speedup_e2e_median_utt"])] for x in s]
     return [
         "## Time per system", "",
-        *table(["system", "kind", "utts", "audio s", "wall s", "RTF", "encoder s", "decode s", "draft s",
-                "verify s", "other s"], time_rows),
+        *table(["system", "kind", "utts", "skipped", "audio s", "wall s", "RTF", "encoder s", "decode s",
+                "draft s", "verify s", "other s"], time_rows),
         "`decode s` is the whole decode loop (draft + verify + prefill / plain greedy steps); "
         "`other s` = wall - encoder - decode (language detection, segmenting, Python glue).", "",
         "## Acceptance and speedup vs the baseline", "",
@@ -116,16 +127,28 @@ def _quality_tables(report: dict) -> list[str]:
         out += ["Outputs that changed between repeats: " + "; ".join(unstable), ""]
     if wer_rows:
         out += ["## Error rates against references", "",
-                "Text normalised: lower-case, punctuation stripped, spaces collapsed.", "",
+                "Whisper's text normalisers (`whisper-normalizer`: the English one for English, the basic one "
+                "otherwise), then `jiwer`; corpus rates = summed edits / summed reference words (characters).", "",
                 *table(["system", "utts", "WER", "CER"], wer_rows)]
     if report["run"]["input_errors"]:
         out += ["## Inputs that could not be read", "", *[f"- {e}" for e in report["run"]["input_errors"]], ""]
     return out
 
 
+def _skipped_table(report: dict) -> list[str]:
+    rows = [[k["system"], k["file"], fmt(k["audio_seconds"], 1), ", ".join(str(r + 1) for r in k["repeats"]),
+             k["reason"].replace("|", "/")] for k in report.get("skipped", [])]
+    if not rows:
+        return []
+    return ["## Skipped runs", "",
+            "These runs did not happen, so the systems' totals above leave these files out.", "",
+            *table(["system", "file", "audio s", "passes", "skipped: reason"], rows)]
+
+
 def markdown(report: dict, plots: Sequence[Path] = ()) -> str:
     """report.md."""
-    lines = _header(report) + _summary_tables(report) + _position_table(report) + _bins_table(report)
+    lines = _header(report) + _skipped_table(report) + _summary_tables(report) + _position_table(report)
+    lines += _bins_table(report)
     lines += _pairwise_table(report) + _quality_tables(report)
     if plots:
         lines += ["## Plots", "", *[f"![{p.stem}]({p.name})" for p in plots], ""]

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 from specli.bench.wer import error_counts, normalize
+from specli.engines.types import DecodeStats
+
 
 @dataclass(frozen=True)
 class SystemInfo:
@@ -32,19 +34,51 @@ class Run:
     audio_seconds: float  # duration of the file
     wall_seconds: float  # whole transcription of the in-memory audio
     encode_seconds: float = 0.0  # log-mel + encoder (presets only)
-    decode_seconds: float = 0.0  # inside the decode loops (presets only)
-    draft_seconds: float = 0.0  # drafter share of decode_seconds
-    verify_seconds: float = 0.0  # target-forward + verification share of decode_seconds (speculative)
-    tokens: int = 0  # tokens emitted, eot included
-    target_forwards: int = 0  # decoder forwards of the target
-    verify_steps: int = 0  # forwards that verified a draft
-    accepted: int = 0  # draft tokens accepted
-    drafted: int = 0  # draft tokens proposed
-    position_attempts: tuple[int, ...] = ()  # steps whose draft reached depth d+1
-    position_accepts: tuple[int, ...] = ()  # ... accepted at depth d+1
+    decode: DecodeStats | None = None  # the file's decode counters and times (presets); None for peers
     token_ids: tuple[int, ...] | None = None  # text tokens of the transcript; None for peers
     text: str = ""  # transcript
     language: str | None = None  # language decoded with
+
+    def stat(self, name: str) -> float:
+        """A :class:`DecodeStats` counter or time (``tokens``, ``decode_seconds``, ...); 0 for peers."""
+        return getattr(self.decode, name) if self.decode is not None else 0
+
+    @property
+    def position_attempts(self) -> list[int]:
+        return list(self.decode.position_attempts) if self.decode is not None else []
+
+    @property
+    def position_accepts(self) -> list[int]:
+        return list(self.decode.position_accepts) if self.decode is not None else []
+
+    def to_dict(self) -> dict:
+        """A JSON-ready record (one line of runs.jsonl)."""
+        out = asdict(self)
+        out["token_ids"] = list(self.token_ids) if self.token_ids is not None else None
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Run:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        if kwargs.get("decode") is not None:
+            stat_fields = {f.name for f in fields(DecodeStats)}
+            kwargs["decode"] = DecodeStats(**{k: v for k, v in kwargs["decode"].items() if k in stat_fields})
+        if kwargs.get("token_ids") is not None:
+            kwargs["token_ids"] = tuple(kwargs["token_ids"])
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A run a system could not do on one file, with the reason (reported, never silent)."""
+
+    system: str  # SystemInfo.name
+    file: str  # input path as given
+    repeat: int  # 0-based measured repeat (-1: warm-up)
+    audio_seconds: float  # duration of the file
+    reason: str  # why, in one line
 
 
 @dataclass(frozen=True)
@@ -61,12 +95,12 @@ class Utterance:
     @property
     def steps(self) -> int:
         """Tokens-producing target steps: verify steps, or every forward for plain greedy."""
-        return self.run.verify_steps or self.run.target_forwards
+        return int(self.run.stat("verify_steps") or self.run.stat("target_forwards"))
 
     @property
     def acceptance(self) -> float | None:
         """Tokens per step (tau) of this utterance; None for peers."""
-        return self.run.tokens / self.steps if self.steps else None
+        return self.run.stat("tokens") / self.steps if self.steps else None
 
 
 def median(values: Sequence[float]) -> float:
@@ -126,7 +160,7 @@ def losslessness(info: SystemInfo, ref: str | None, utts: Mapping[tuple[str, str
         if info.kind == "preset" and mine.run.token_ids is not None and theirs.run.token_ids is not None:
             same = mine.run.token_ids == theirs.run.token_ids
         else:
-            same = normalize(mine.run.text) == normalize(theirs.run.text)
+            same = normalize(mine.run.text, mine.run.language) == normalize(theirs.run.text, mine.run.language)
         identical += same
         if not same:
             differing.append(f)
@@ -134,7 +168,8 @@ def losslessness(info: SystemInfo, ref: str | None, utts: Mapping[tuple[str, str
 
 
 def _sum(utts: Sequence[Utterance], name: str) -> float:
-    return sum(getattr(u.run, name) for u in utts)
+    """Sum of a Run field (``wall_seconds``, ``audio_seconds``, ...) or of a DecodeStats counter."""
+    return sum(getattr(u.run, name) if hasattr(u.run, name) else u.run.stat(name) for u in utts)
 
 
 def acceptance_stats(utts: Sequence[Utterance]) -> dict:
@@ -238,7 +273,8 @@ def length_bins(systems: Sequence[SystemInfo], by_system: Mapping[str, list[Utte
 
 def error_rates(utts: Sequence[Utterance], references: Mapping[str, str]) -> dict | None:
     """Corpus WER / CER (edits summed over utterances) against the references that exist."""
-    counts = [error_counts(references[u.run.file], u.run.text) for u in utts if u.run.file in references]
+    counts = [error_counts(references[u.run.file], u.run.text, u.run.language)
+              for u in utts if u.run.file in references]
     if not counts:
         return None
     total = sum(counts[1:], counts[0])
@@ -246,19 +282,35 @@ def error_rates(utts: Sequence[Utterance], references: Mapping[str, str]) -> dic
             "words": total.words, "char_edits": total.char_edits, "chars": total.chars}
 
 
+def skipped(skips: Sequence[Skip]) -> list[dict]:
+    """One row per (system, file, reason) with the repeats it covers, in first-seen order."""
+    rows: dict[tuple[str, str, str], dict] = {}
+    for k in skips:
+        row = rows.setdefault((k.system, k.file, k.reason), {
+            "system": k.system, "file": k.file, "audio_seconds": k.audio_seconds, "reason": k.reason, "repeats": []})
+        row["repeats"].append(k.repeat)
+    return list(rows.values())
+
+
 def build_report(systems: Sequence[SystemInfo], baseline: str, runs: Sequence[Run],
-                 references: Mapping[str, str] | None = None, bins: Bins = Bins()) -> dict:
-    """Everything report.json holds except the machine block: summaries, bins, utterances."""
+                 references: Mapping[str, str] | None = None, bins: Bins = Bins(),
+                 skips: Sequence[Skip] = ()) -> dict:
+    """Everything report.json holds except the machine block: summaries, bins, utterances, skips."""
+    names = [s.name for s in systems]
+    if baseline not in names:
+        raise ValueError(f"baseline {baseline!r} is not one of the systems {names}")
     utts = aggregate(runs)
     files = list(dict.fromkeys(r.file for r in runs))
     by_system = {s.name: [utts[(s.name, f)] for f in files if (s.name, f) in utts] for s in systems}
     base = {u.run.file: u for u in by_system[baseline]}
+    skip_rows = skipped([k for k in skips if k.repeat >= 0])
     summaries = []
     for info in systems:
         summary = system_summary(info, by_system[info.name], base)
         ref = reference_system(info, systems, baseline)
         summary["lossless"] = losslessness(info, ref, utts, files).__dict__
         summary["errors"] = error_rates(by_system[info.name], references or {})
+        summary["skipped"] = len({row["file"] for row in skip_rows if row["system"] == info.name})
         summaries.append(summary)
     return {
         "baseline": baseline,
@@ -267,6 +319,7 @@ def build_report(systems: Sequence[SystemInfo], baseline: str, runs: Sequence[Ru
         "summaries": summaries,
         "length_bins": length_bins(systems, by_system, base, bins),
         "pairwise_speedup": pairwise(systems, by_system),
+        "skipped": skip_rows,
         "utterances": [_utt_record(u, references or {}) for u in utts.values()],
     }
 
@@ -284,12 +337,10 @@ def pairwise(systems: Sequence[SystemInfo], by_system: Mapping[str, list[Utteran
 
 
 def _utt_record(u: Utterance, references: Mapping[str, str]) -> dict:
-    rec = dict(u.run.__dict__)
+    rec = u.run.to_dict()
     rec.pop("repeat")
-    rec["token_ids"] = list(u.run.token_ids) if u.run.token_ids is not None else None
-    rec["position_attempts"], rec["position_accepts"] = list(u.run.position_attempts), list(u.run.position_accepts)
     rec["walls"], rec["stable"], rec["acceptance"] = list(u.walls), u.stable, u.acceptance
     if u.run.file in references:
-        counts = error_counts(references[u.run.file], u.run.text)
+        counts = error_counts(references[u.run.file], u.run.text, u.run.language)
         rec["wer"], rec["cer"] = counts.wer, counts.cer
     return rec

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +19,13 @@ import torch
 
 from specli.audio import SAMPLE_RATE, load_audio
 from specli.batch import discover
-from specli.bench.peers import PEERS, BenchError, FasterWhisperPeer, HFPeer, MAX_PEER_SECONDS
+from specli.bench import wer
+from specli.bench.peers import MAX_SHORT_FORM_SECONDS, PEERS, BenchError, FasterWhisperPeer, HFPeer, PeerCannot
 from specli.bench.references import load_references
-from specli.bench.report import Bins, Run, SystemInfo, build_report
+from specli.bench.report import Bins, Run, Skip, SystemInfo, build_report
+from specli.bench.runlog import RunLog, read_runlog
+from specli.engines.decoding import DecodingOptions
+from specli.engines.device import dtype_name
 from specli.engines.strategies import build_decoder
 from specli.engines.targets.loader import WhisperModel, load_whisper
 from specli.engines.transcription import TranscribeOptions, transcribe_stream
@@ -29,6 +33,9 @@ from specli.errors import AudioError
 from specli.presets import Preset, load_preset
 
 Progress = Callable[[str], None]
+#: Exceptions a peer library may raise on one clip: that run is recorded as skipped (with the reason,
+#: in the report and through ``warn``) and the benchmark goes on.
+PEER_FAILURES = (RuntimeError, ValueError, OSError)
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,9 @@ class BenchOptions:
     warmup: bool = True  # one unrecorded pass first
     threads: int | None = None  # torch / CTranslate2 CPU threads; None = library default
     language: str | None = None  # language code; None = detect (peers reuse the baseline's language)
-    timestamps: bool = False  # presets decode timestamp tokens (peers never do)
+    timestamps: bool | None = None  # timestamp tokens, presets and peers alike; None = only on clips over 30 s
+    device: str | None = None  # every preset on this device (auto, cpu, cuda, cuda:N); None = each preset's
+    dtype: str | None = None  # every preset in this dtype (auto, float32, bfloat16, float16); None = each preset's
 
     def __post_init__(self) -> None:
         if not self.presets:
@@ -65,12 +74,16 @@ class Clip:
     def seconds(self) -> float:
         return len(self.audio) / SAMPLE_RATE
 
+    def timestamps(self, asked: bool | None) -> bool:
+        """Decode with timestamp tokens: as asked, else only when over 30 s (long-form seeks by them)."""
+        return asked if asked is not None else self.seconds > MAX_SHORT_FORM_SECONDS
 
-def choose_baseline(presets: Sequence[Preset], baseline: str | None) -> str:
-    """``baseline``, else the first AR preset given, else ``whisper-base-ar``."""
+
+def choose_baseline(presets: Sequence[Preset], baseline: str | None) -> Preset:
+    """``baseline`` (a preset name or TOML file), else the first AR preset given, else ``whisper-base-ar``."""
     if baseline:
-        return baseline
-    return next((p.name for p in presets if p.strategy == "ar"), "whisper-base-ar")
+        return load_preset(baseline)
+    return next((p for p in presets if p.strategy == "ar"), None) or load_preset("whisper-base-ar")
 
 
 class PresetSystem:
@@ -78,7 +91,10 @@ class PresetSystem:
 
     def __init__(self, preset: Preset, model: WhisperModel, opts: BenchOptions) -> None:
         self.preset, self.model = preset, model
-        self.topts = TranscribeOptions(language=opts.language, timestamps=opts.timestamps)
+        # greedy at every window (no temperature fallback): outputs are compared token for token
+        self.topts = TranscribeOptions(language=opts.language, timestamps=False,
+                                       decoding=DecodingOptions(temperatures=(0.0,)))
+        self.timestamps = opts.timestamps
         self.info = SystemInfo(preset.name, "preset", preset.model, preset.strategy)
         self._lang = opts.language or "en"
         self.decode = build_decoder(preset, model, self._lang)
@@ -88,32 +104,33 @@ class PresetSystem:
             self.decode = build_decoder(self.preset, self.model, self._lang)
 
     def run(self, clip: Clip, repeat: int, language: str | None) -> Run:
+        topts = replace(self.topts, timestamps=clip.timestamps(self.timestamps))
         t0 = time.perf_counter()
-        res = transcribe_stream(self.model, [clip.audio], self.topts, self.decode)
+        res = transcribe_stream(self.model, [clip.audio], topts, self.decode)
         wall = time.perf_counter() - t0
-        st = res.stats
-        return Run(
-            self.info.name, clip.path, repeat, clip.seconds, wall, st.encode_seconds, st.decode_seconds,
-            st.draft_seconds, st.verify_seconds, st.tokens, st.target_forwards, st.verify_steps, st.accepted,
-            st.drafted, tuple(st.position_attempts), tuple(st.position_accepts),
-            tuple(t for s in res.segments for t in s.tokens), res.text, res.language)
+        return Run(self.info.name, clip.path, repeat, clip.seconds, wall, res.stats.encode_seconds, res.stats.decode,
+                   tuple(t for s in res.segments for t in s.tokens), res.text, res.language)
 
 
 class PeerSystem:
     """A peer implementation, timed around its whole transcription call."""
 
-    def __init__(self, peer: HFPeer | FasterWhisperPeer, model: str) -> None:
-        self.peer = peer
+    def __init__(self, peer: HFPeer | FasterWhisperPeer, model: str, timestamps: bool | None) -> None:
+        self.peer, self.timestamps = peer, timestamps
         self.info = SystemInfo(peer.name, "peer", model)
 
     def new_pass(self) -> None:
         pass
 
-    def run(self, clip: Clip, repeat: int, language: str | None) -> Run | None:
-        if clip.seconds > MAX_PEER_SECONDS:
-            return None
+    def run(self, clip: Clip, repeat: int, language: str | None) -> Run | Skip:
         t0 = time.perf_counter()
-        text = self.peer.transcribe(clip.audio, language)
+        try:
+            text = self.peer.transcribe(clip.audio, language, clip.timestamps(self.timestamps))
+        except PeerCannot as exc:
+            return Skip(self.info.name, clip.path, repeat, clip.seconds, str(exc))
+        except PEER_FAILURES as exc:
+            reason = f"{self.info.name} failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            return Skip(self.info.name, clip.path, repeat, clip.seconds, reason)
         return Run(self.info.name, clip.path, repeat, clip.seconds, time.perf_counter() - t0, text=text,
                    language=language)
 
@@ -121,21 +138,32 @@ class PeerSystem:
 def build_systems(opts: BenchOptions) -> tuple[list[PresetSystem | PeerSystem], str]:
     """Load every model once, build the systems (baseline first) and return the baseline's name."""
     presets = [load_preset(p) for p in opts.presets]
-    baseline = choose_baseline(presets, opts.baseline)
-    if baseline not in [p.name for p in presets]:
-        presets.insert(0, load_preset(baseline))
+    base_preset = choose_baseline(presets, opts.baseline)
+    baseline = base_preset.name  # a TOML path resolves to its file's stem, the name the report uses
+    same = [p for p in presets if p.name == baseline]
+    if same and same[0] != base_preset:
+        raise BenchError(f"two different presets are named {baseline!r}: rename one of the TOML files")
+    if not same:
+        presets.insert(0, base_preset)
+    names = [p.name for p in presets]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise BenchError(f"preset(s) given twice: {', '.join(dupes)}")
     presets.sort(key=lambda p: p.name != baseline)
-    models: dict[tuple[str, str], WhisperModel] = {}
+    models: dict[tuple[str, str, str], WhisperModel] = {}
     systems: list[PresetSystem | PeerSystem] = []
     for p in presets:
-        key = (p.model, p.dtype)
+        p = replace(p, device=opts.device or p.device, dtype=opts.dtype or p.dtype)
+        key = (p.model, p.dtype, p.device)
         if key not in models:
-            models[key] = load_whisper(p.model, p.dtype)
-        systems.append(PresetSystem(p, models[key], opts))
+            models[key] = load_whisper(p.model, p.dtype, device=p.device)
+        model = models[key]  # the preset as run: effective dtype and device
+        p = replace(p, dtype=dtype_name(model.target.dtype), device=str(model.target.device))
+        systems.append(PresetSystem(p, model, opts))
     base = systems[0]
     for name in opts.peers:
         peer = HFPeer(base.model) if name == "hf" else FasterWhisperPeer(base.model, opts.threads)
-        systems.append(PeerSystem(peer, base.preset.model))
+        systems.append(PeerSystem(peer, base.preset.model, opts.timestamps))
     return systems, baseline
 
 
@@ -153,29 +181,45 @@ def load_clips(inputs: Sequence[str]) -> tuple[list[Clip], list[str]]:
 
 
 def run_passes(systems: Sequence[PresetSystem | PeerSystem], clips: Sequence[Clip], opts: BenchOptions,
-               progress: Progress | None = None) -> list[Run]:
-    """Warm-up pass, then ``opts.repeat`` interleaved passes; returns the measured runs."""
+               progress: Progress | None = None, *, on_record: Callable[[Run | Skip], None] | None = None,
+               warn: Progress | None = None) -> tuple[list[Run], list[Skip]]:
+    """Warm-up pass, then ``opts.repeat`` interleaved passes; returns the measured runs and the skips.
+
+    ``on_record`` gets every measured run and skip as soon as it finishes (runs.jsonl); ``warn`` gets one
+    line per system and file that was skipped (warm-up included), so no skip is silent.
+    """
     if opts.threads:
         torch.set_num_threads(opts.threads)
     runs: list[Run] = []
+    skips: list[Skip] = []
+    warned: set[tuple[str, str]] = set()
     languages: dict[str, str | None] = {}
     passes = ([-1] if opts.warmup else []) + list(range(opts.repeat))
     for rep in passes:
         for system in systems:
             system.new_pass()
+        label = "warm-up" if rep < 0 else f"pass {rep + 1}/{opts.repeat}"
         for i, clip in enumerate(clips):
             for system in systems:
                 run = system.run(clip, rep, opts.language or languages.get(clip.path))
-                if run is None:
+                if isinstance(run, Skip):
+                    if warn is not None and (run.system, run.file) not in warned:
+                        warn(f"{run.system} skipped {run.file} ({label}): {run.reason}")
+                    warned.add((run.system, run.file))
+                    if rep >= 0:
+                        skips.append(run)
+                        if on_record is not None:
+                            on_record(run)
                     continue
                 if system is systems[0]:
                     languages[clip.path] = run.language
                 if rep >= 0:
                     runs.append(run)
+                    if on_record is not None:
+                        on_record(run)
                 if progress is not None:
-                    label = "warm-up" if rep < 0 else f"pass {rep + 1}/{opts.repeat}"
                     progress(f"{label} file {i + 1}/{len(clips)} {system.info.name}: {run.wall_seconds:.2f} s")
-    return runs
+    return runs, skips
 
 
 def read_loadavg() -> list[float] | None:
@@ -210,26 +254,75 @@ def machine_info(threads: int | None) -> dict:
             versions[pkg] = __import__(pkg).__version__
         except ImportError:
             versions[pkg] = None
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "threads": threads or torch.get_num_threads(),
-            "platform": platform.platform(), "versions": versions}
+            "platform": platform.platform(), "versions": versions, "gpu": gpu, "cuda": torch.version.cuda}
 
 
 def run_bench(inputs: Sequence[str], opts: BenchOptions, references: str | None = None, bins: Bins = Bins(),
-              progress: Progress | None = None, command: str = "") -> dict:
-    """Measure, then return the whole report (machine and run blocks included); writes nothing."""
+              progress: Progress | None = None, command: str = "", runs_path: Path | None = None,
+              warn: Progress | None = None) -> dict:
+    """Measure, then return the whole report (machine and run blocks included).
+
+    With ``runs_path``, every measured run and skip is written there (runs.jsonl, atomically, as it
+    finishes) before the report is built, so a failure while building the report loses no measurement.
+    """
     clips, errors = load_clips(inputs)
     if not clips:
         raise BenchError("no readable audio among the inputs" + (": " + "; ".join(errors) if errors else ""))
+    if references or opts.peers:  # before measuring: WER and the peers' text comparison need them
+        _require_scoring()
     refs = load_references(references, [c.path for c in clips])
     systems, baseline = build_systems(opts)
-    load_before, started, t0 = read_loadavg(), datetime.now(timezone.utc), time.perf_counter()
-    runs = run_passes(systems, clips, opts, progress)
-    report = build_report([s.info for s in systems], baseline, runs, refs, bins)
-    report["machine"] = {**machine_info(opts.threads), "loadavg_before": load_before, "loadavg_after": read_loadavg()}
-    report["run"] = {
-        "command": command, "date": started.isoformat(timespec="seconds"),
-        "elapsed_seconds": round(time.perf_counter() - t0, 1), "options": asdict(opts),
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    header = {
+        "systems": [asdict(s.info) for s in systems], "baseline": baseline, "command": command,
+        "date": started.isoformat(timespec="seconds"), "options": asdict(opts), "bins": list(bins.edges),
         "inputs": [c.path for c in clips], "input_errors": errors, "references": references,
-        "references_found": len(refs),
+        "machine": {**machine_info(opts.threads), "loadavg_before": read_loadavg()},
+    }
+    log = RunLog(runs_path, header) if runs_path is not None else None
+    runs, skips = run_passes(systems, clips, opts, progress, on_record=log.add if log else None, warn=warn)
+    return assemble_report(header, runs, skips, refs, bins, round(time.perf_counter() - t0, 1))
+
+
+def _require_scoring() -> None:
+    try:
+        wer.require()
+    except wer.WerPackagesMissing as exc:
+        raise BenchError(str(exc)) from None
+
+
+def assemble_report(header: dict, runs: Sequence[Run], skips: Sequence[Skip], refs: dict[str, str], bins: Bins,
+                    elapsed: float | None) -> dict:
+    """The report of measured runs, with the machine and run blocks from a runs.jsonl header."""
+    systems = [SystemInfo(**s) for s in header["systems"]]
+    report = build_report(systems, header["baseline"], runs, refs, bins, skips)
+    report["machine"] = {**header["machine"], "loadavg_after": read_loadavg() if elapsed is not None else None}
+    report["run"] = {
+        "command": header["command"], "date": header["date"], "elapsed_seconds": elapsed,
+        "options": header["options"], "inputs": header["inputs"], "input_errors": header["input_errors"],
+        "references": header["references"], "references_found": len(refs),
     }
     return report
+
+
+def report_from_runs(path: Path, references: str | None = None, bins: Bins | None = None) -> dict:
+    """Build the report again from a runs.jsonl (after an interrupted run or a report failure).
+
+    ``references`` / ``bins`` default to the ones the measurement used.
+    """
+    try:
+        data = read_runlog(path)
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"cannot read the runs: {exc}") from exc
+    if not data.runs:
+        raise BenchError(f"{path}: no measured run in it")
+    spec = references if references is not None else data.header.get("references")
+    if spec or any(s.kind == "peer" for s in data.systems):
+        _require_scoring()
+    files = list(dict.fromkeys(r.file for r in data.runs))
+    refs = load_references(spec, files)
+    header = {**data.header, "references": spec}
+    edges = bins if bins is not None else Bins(tuple(data.header.get("bins", Bins().edges)))
+    return assemble_report(header, data.runs, data.skips, refs, edges, None)

@@ -1,42 +1,70 @@
-"""Word and character error rates with a simple text normaliser (written here, no dependencies)."""
+"""Word and character error rates as published Whisper figures compute them.
+
+Text is normalised with Whisper's own normalisers (PyPI ``whisper-normalizer``, a copy of
+``openai/whisper``'s): ``EnglishTextNormalizer`` for English (spelling variants, numbers, contractions,
+fillers) and ``BasicTextNormalizer`` for every other language, as in Whisper's evaluations. Edits are
+counted by ``jiwer`` on the normalised text; counts add up over utterances (corpus WER = summed edits /
+summed reference words). Both packages come with ``pip install 'specli[bench]'``.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
-import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-_PUNCT = re.compile(r"[^\w\s']|_")
+INSTALL_HINT = "pip install 'specli[bench]'"
+_PACKAGES = {"jiwer": "jiwer", "whisper_normalizer": "whisper-normalizer"}
 _SPACES = re.compile(r"\s+")
 
 
-def normalize(text: str) -> str:
-    """Lower-case, strip punctuation (apostrophes inside words kept), collapse spaces."""
-    text = unicodedata.normalize("NFKC", text).lower()
-    text = _PUNCT.sub(" ", text)
-    text = re.sub(r"(?<!\w)'|'(?!\w)", " ", text)  # quotes, not contractions
-    return _SPACES.sub(" ", text).strip()
+class WerPackagesMissing(ImportError):
+    """jiwer or whisper-normalizer is not installed."""
 
 
-def edit_distance(ref: Sequence, hyp: Sequence) -> int:
-    """Levenshtein distance (substitutions, insertions, deletions all cost 1)."""
-    prev = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        cur = [i] + [0] * len(hyp)
-        for j, h in enumerate(hyp, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
-        prev = cur
-    return prev[-1]
+def missing_packages() -> list[str]:
+    """PyPI names of the scoring packages that are not installed."""
+    return [dist for module, dist in _PACKAGES.items() if importlib.util.find_spec(module) is None]
+
+
+def require() -> None:
+    """Raise :class:`WerPackagesMissing` (naming the install command) unless both packages import."""
+    missing = missing_packages()
+    if missing:
+        raise WerPackagesMissing(f"WER scoring needs {', '.join(missing)}: {INSTALL_HINT}")
+
+
+@functools.cache
+def _normalizer(english: bool) -> Callable[[str], str]:
+    require()
+    if english:
+        from whisper_normalizer.english import EnglishTextNormalizer
+
+        return EnglishTextNormalizer()
+    from whisper_normalizer.basic import BasicTextNormalizer
+
+    return BasicTextNormalizer()
+
+
+def is_english(language: str | None) -> bool:
+    """English normaliser for ``en`` (and for an unknown language, as for English-only models)."""
+    return language is None or language.lower().split("-")[0] in ("en", "english")
+
+
+def normalize(text: str, language: str | None = None) -> str:
+    """Whisper's normaliser for ``language`` (English one for ``en`` / ``None``), spaces collapsed."""
+    return _SPACES.sub(" ", _normalizer(is_english(language))(text)).strip()
 
 
 @dataclass(frozen=True)
 class ErrorCounts:
     """Edits and reference length, summable over utterances."""
 
-    word_edits: int  # word-level Levenshtein distance
+    word_edits: int  # word substitutions + deletions + insertions
     words: int  # reference words
-    char_edits: int  # character-level distance (spaces included, normalised text)
+    char_edits: int  # character-level edits (spaces included, normalised text)
     chars: int  # reference characters
 
     def __add__(self, other: ErrorCounts) -> ErrorCounts:
@@ -52,18 +80,30 @@ class ErrorCounts:
         return self.char_edits / self.chars if self.chars else 0.0
 
 
-def error_counts(reference: str, hypothesis: str) -> ErrorCounts:
-    """Word and character edits of ``hypothesis`` against ``reference``, both normalised."""
-    ref, hyp = normalize(reference), normalize(hypothesis)
-    return ErrorCounts(edit_distance(ref.split(), hyp.split()), len(ref.split()),
-                       edit_distance(ref, hyp), len(ref))
+def _edits(out) -> tuple[int, int]:  # noqa: ANN001 - jiwer's WordOutput / CharacterOutput
+    """(substitutions + deletions + insertions, reference length) of a jiwer alignment."""
+    return (out.substitutions + out.deletions + out.insertions,
+            out.hits + out.substitutions + out.deletions)
 
 
-def wer(reference: str, hypothesis: str) -> float:
+def error_counts(reference: str, hypothesis: str, language: str | None = None) -> ErrorCounts:
+    """Word and character edits of ``hypothesis`` against ``reference``, both normalised first."""
+    require()
+    import jiwer
+
+    ref, hyp = normalize(reference, language), normalize(hypothesis, language)
+    if not ref:  # nothing to align against (older jiwer refuses an empty reference): all insertions
+        return ErrorCounts(len(hyp.split()), 0, len(hyp), 0)
+    word_edits, words = _edits(jiwer.process_words([ref], [hyp]))
+    char_edits, chars = _edits(jiwer.process_characters([ref], [hyp]))
+    return ErrorCounts(word_edits, words, char_edits, chars)
+
+
+def wer(reference: str, hypothesis: str, language: str | None = None) -> float:
     """Word error rate of one utterance."""
-    return error_counts(reference, hypothesis).wer
+    return error_counts(reference, hypothesis, language).wer
 
 
-def cer(reference: str, hypothesis: str) -> float:
+def cer(reference: str, hypothesis: str, language: str | None = None) -> float:
     """Character error rate of one utterance."""
-    return error_counts(reference, hypothesis).cer
+    return error_counts(reference, hypothesis, language).cer

@@ -11,7 +11,8 @@ from specli.errors import SpecliError
 
 @click.group()
 def distill() -> None:
-    """Distil an EAGLE Speech-Draft head from a preset's target model."""
+    """Distil a drafter from a preset's target: an EAGLE Speech-Draft head (Whisper presets) or a
+    DSpark / DFlash / EAGLE-3 drafter (synthesis presets, e.g. cosyvoice3-ar)."""
 
 
 def _load_target(preset_name: str):
@@ -23,15 +24,33 @@ def _load_target(preset_name: str):
 
 
 @distill.command("data")
-@click.argument("inputs", nargs=-1, required=True)
-@click.option("--preset", "preset_name", required=True, help="Preset whose model labels the audio.")
+@click.argument("inputs", nargs=-1)
+@click.option("--preset", "preset_name", required=True, help="Preset whose model labels the audio (or text).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Shard directory (resumable: inputs in its manifest are skipped).")
 @click.option("--timestamps/--no-timestamps", default=True, show_default=True,
               help="Decode as `transcribe` does with / without timestamp tokens.")
+@click.option("--text", "texts", multiple=True, help="Synthesis presets: an utterance to speak (repeatable).")
+@click.option("--model", help="Synthesis presets: cosyvoice2, cosyvoice3 or a checkpoint directory.")
+@click.option("--sampler", type=click.Choice(["ras", "vllm", "greedy"]),
+              help="Synthesis presets: the deployment sampler (default: the preset's).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Synthesis presets: run seed.")
+@click.option("--aux-layers", help="Synthesis presets: target layer ids to store, e.g. 1,2 (default: every "
+              "drafter's default layers).")
+@click.option("--per-shard", type=click.IntRange(1), default=16, show_default=True,
+              help="Synthesis presets: utterances per shard.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-file progress lines on stderr.")
-def data(inputs, preset_name, out, timestamps, quiet) -> None:
-    """Transcribe INPUTS greedily with the target (as inference does) and store training shards."""
+def data(inputs, preset_name, out, timestamps, texts, model, sampler, seed, aux_layers, per_shard, quiet) -> None:
+    """Label INPUTS on-policy with the target and store training shards: audio files transcribed greedily
+    (Whisper presets), or utterances (text files, *.jsonl, '-', --text) sampled at the deployment
+    sampler, keeping only sequences that end in eos (synthesis presets)."""
+    from specli.commands.distill_speech import is_speech_preset, run_speech_data
+
+    if is_speech_preset(preset_name):
+        run_speech_data(inputs, texts, preset_name, out, model, sampler, seed, aux_layers, per_shard, quiet)
+        return
+    if not inputs:
+        raise click.UsageError("give audio files or directories")
     from specli.batch import discover
     from specli.distill.data import generate
     from specli.engines.transcription import TranscribeOptions
@@ -51,11 +70,12 @@ def data(inputs, preset_name, out, timestamps, quiet) -> None:
 @distill.command("train")
 @click.argument("data_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--preset", "preset_name", required=True, help="Preset whose model is the target.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("eagle-head"),
-              show_default=True, help="Head directory (checkpoints under OUT/checkpoints; resumes).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Head directory (checkpoints under OUT/checkpoints; resumes). Default: eagle-head, or "
+              "<drafter>-drafter for synthesis presets.")
 @click.option("--val", "val_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Held-out shard directory (other sources) for the acceptance length each epoch.")
-@click.option("--epochs", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--epochs", type=click.IntRange(1), help="Passes over the data (default 1; synthesis presets 10).")
 @click.option("--steps", type=click.IntRange(0), default=0, show_default=True, help="Stop after N steps (0 = none).")
 @click.option("--lr", type=click.FloatRange(0, min_open=True), default=3e-4, show_default=True)
 @click.option("--batch", type=click.IntRange(1), default=4, show_default=True, help="Windows per step.")
@@ -63,10 +83,30 @@ def data(inputs, preset_name, out, timestamps, quiet) -> None:
 @click.option("--val-every", type=click.IntRange(1), default=1, show_default=True, help="Validate every N epochs.")
 @click.option("--draft-vocab", type=click.IntRange(0), default=8192, show_default=True,
               help="Rows of the head's vocabulary (most frequent in the data + specials; 0 = all).")
+@click.option("--drafter", type=click.Choice(["dspark", "dflash", "eagle3"]), default="dspark", show_default=True,
+              help="Synthesis presets: the drafter trained.")
+@click.option("--model", help="Synthesis presets: cosyvoice2, cosyvoice3 or a checkpoint directory.")
+@click.option("--layers", type=click.IntRange(0), default=0, help="Synthesis presets: draft layers (0 = recipe).")
+@click.option("--block", type=click.IntRange(0), default=0,
+              help="Synthesis presets: block size / EAGLE-3 unroll (0 = recipe: 8, 4, 7).")
+@click.option("--anchors", type=click.IntRange(1), default=64, show_default=True,
+              help="Synthesis presets: anchors per sequence per step (DSpark, DFlash).")
+@click.option("--markov-rank", type=click.IntRange(0), default=256, show_default=True, help="DSpark Markov head rank.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-step progress lines on stderr.")
 def train(data_dirs, preset_name, out, val_dir, epochs, steps, lr, batch, checkpoint_every, val_every, draft_vocab,
-          quiet) -> None:
-    """Train a head on the shards of DATA_DIRS (unrolled K=7, beta=0.8) and save it to OUT."""
+          drafter, model, layers, block, anchors, markov_rank, quiet) -> None:
+    """Train a drafter on the shards of DATA_DIRS and save it to OUT: an EAGLE Speech-Draft head (Whisper
+    presets; unrolled K=7, beta=0.8) or a DSpark / DFlash / EAGLE-3 drafter (synthesis presets)."""
+    from specli.commands.distill_speech import is_speech_preset, run_speech_train
+
+    if is_speech_preset(preset_name):
+        run_speech_train(data_dirs, preset_name, out, val_dir, model, quiet, drafter=drafter, layers=layers,
+                         block=block, draft_vocab=draft_vocab, markov_rank=markov_rank, epochs=epochs or 10,
+                         steps=steps, lr=lr, batch=batch, anchors=anchors, checkpoint_every=checkpoint_every,
+                         val_every=val_every)
+        return
+    out = out or Path("eagle-head")
+    epochs = epochs or 1
     from specli.distill.data import load_windows
     from specli.distill.train import TrainOptions
     from specli.distill.train import train as run_train

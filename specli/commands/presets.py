@@ -14,6 +14,11 @@ def presets() -> None:
     for name in available_presets():
         p = load_preset(name)
         click.echo(f"{name}\t{p.model}\t{p.strategy}\t{p.dtype}\t{p.description}")
+    from specli.presets.synthesis import load_synthesis_preset
+
+    for name in available_presets("synthesize"):
+        sp = load_synthesis_preset(name)
+        click.echo(f"{name}\t{sp.model}\t{sp.strategy}\t{sp.dtype}\t{sp.description}")
 
 
 @click.command()

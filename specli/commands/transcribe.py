@@ -1,7 +1,13 @@
-"""``specli transcribe`` and ``specli translate``: parse options, build the engine, run, write."""
+"""``specli transcribe`` and ``specli translate``: parse options, build the engine, run, write.
+
+To add an option: append it to ``OPTIONS``; read it from ``kw`` in :func:`_transcribe_options` (a
+``TranscribeOptions`` field is fingerprinted for resume automatically) or, when it changes the text but
+lives elsewhere, also add it to the dict :func:`_text_settings` returns.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import sys
@@ -11,36 +17,110 @@ import click
 import torch
 
 from specli.audio import audio_duration
-from specli.batch import discover, plan_outputs, run_batch
-from specli.engines.strategies import load_engine
+from specli.batch import discover, plan_outputs, run_batch, text_settings
+from specli.commands.decoding_flags import DECODING_FLAGS, decoding_options
+from specli.engines.language import check_model_name, check_model_support, normalize_language
+from specli.engines.strategies import Engine, load_engine
 from specli.engines.transcription import TranscribeOptions
 from specli.errors import AudioError
-from specli.presets import DEFAULT_PRESET, load_preset
+from specli.presets import DEFAULT_PRESET, Preset, load_preset
 from specli.progress import BatchProgress, RunSummary
-from specli.writers import FORMATS, result_record
+from specli.vad import VadOptions, load_vad
+from specli.engines.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
+from specli.writers import FORMATS, SubtitleOptions
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+# the one option list of both commands (decorators, in --help order)
+OPTIONS = [
+    click.argument("inputs", nargs=-1, required=True),
+    click.option("--preset", default=DEFAULT_PRESET, show_default=True, help="Preset name or TOML file."),
+    click.option("--model", help="Override the preset's model: bundled name, HF id/dir, CTranslate2 dir."),
+    click.option("--language", help="Language code or name (fr, French, castilian); omit to detect it per file."),
+    click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path(".")),
+    click.option("--output-format", "-f", type=click.Choice([*FORMATS, "all"]), default="txt", show_default=True),
+    click.option("--jsonl", "jsonl", type=click.Choice(["-"]), help="Also print one JSON record per file to stdout."),
+    click.option("--overwrite", is_flag=True,
+                 help="Always redo inputs whose outputs exist (default: only those made with other settings)."),
+    click.option("--skip-existing", is_flag=True,
+                 help="Keep existing outputs even when they were made with other settings."),
+    click.option("--fail-fast", is_flag=True, help="Stop at the first failed input."),
+    click.option("--threads", type=click.IntRange(1), help="CPU threads for torch (default: torch's choice)."),
+    click.option("--device", help="auto (CUDA when available), cpu, cuda or cuda:N (default: the preset's, auto)."),
+    click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+                 help="Override the preset's dtype (auto: float32 on CPU, float16 on CUDA)."),
+    click.option("--timestamps/--no-timestamps", default=True, show_default=True),
+    click.option("--compile-encoder", is_flag=True, help="torch.compile the encoder (tens of seconds once)."),
+    click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when a terminal)."),
+    click.option("--vad", is_flag=True,
+                 help="Transcribe only the speech Silero VAD finds (needs specli[vad]); times stay the file's. "
+                      "Chunks follow faster-whisper's VadOptions semantics, with speech_pad_ms 400, "
+                      "min_speech_duration_ms 250, max_speech_duration_s 30."),
+    click.option("--vad-threshold", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True), default=0.5,
+                 show_default=True,
+                 help="With --vad: speech probability that starts speech (it ends below this - 0.15)."),
+    click.option("--vad-min-silence-ms", type=click.IntRange(0), default=2000, show_default=True,
+                 help="With --vad: silence that ends a speech chunk, in ms."),
+    click.option("--word-timestamps", is_flag=True,
+                 help="Time every word (cross-attention alignment, as openai-whisper); json gets 'words'."),
+    click.option("--prepend-punctuations", default=PREPEND_PUNCTUATIONS, show_default=True,
+                 help="With --word-timestamps: punctuation merged into the next word."),
+    click.option("--append-punctuations", default=APPEND_PUNCTUATIONS, show_default=True,
+                 help="With --word-timestamps: punctuation merged into the previous word."),
+    click.option("--max-line-width", type=click.IntRange(1),
+                 help="Needs --word-timestamps: characters in a srt/vtt line before it breaks."),
+    click.option("--max-line-count", type=click.IntRange(1),
+                 help="Needs --word-timestamps: lines in a srt/vtt cue (with --max-line-width, cues span segments)."),
+    click.option("--highlight-words", is_flag=True,
+                 help="Needs --word-timestamps: underline each word in srt/vtt as it is spoken."),
+    *DECODING_FLAGS,
+]
 
 
 def _options(f):
-    opts = [
-        click.argument("inputs", nargs=-1, required=True),
-        click.option("--preset", default=DEFAULT_PRESET, show_default=True, help="Preset name or TOML file."),
-        click.option("--model", help="Override the preset's model: bundled name, HF id/dir, CTranslate2 dir."),
-        click.option("--language", help="Language code; omit to detect it per file."),
-        click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path(".")),
-        click.option("--output-format", "-f", type=click.Choice([*FORMATS, "all"]), default="txt", show_default=True),
-        click.option("--jsonl", "jsonl", type=click.Choice(["-"]), help="Also print one JSON record per file to stdout."),
-        click.option("--overwrite", is_flag=True, help="Redo inputs whose outputs already exist."),
-        click.option("--fail-fast", is_flag=True, help="Stop at the first failed input."),
-        click.option("--threads", type=click.IntRange(1), help="CPU threads for torch (default: torch's choice)."),
-        click.option("--device", type=click.Choice(["cpu"]), default="cpu", show_default=True),
-        click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), help="Override the preset's dtype."),
-        click.option("--timestamps/--no-timestamps", default=True, show_default=True),
-        click.option("--compile-encoder", is_flag=True, help="torch.compile the encoder (tens of seconds once)."),
-        click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when a terminal)."),
-    ]
-    for opt in reversed(opts):
+    for opt in reversed(OPTIONS):
         f = opt(f)
     return f
+
+
+def _transcribe_options(task: str, kw: dict, language: str | None) -> TranscribeOptions:
+    """``TranscribeOptions`` from the parsed options (``language`` already normalised to a code)."""
+    return TranscribeOptions(task=task, language=language, timestamps=kw["timestamps"],
+                             word_timestamps=kw["word_timestamps"], prepend_punctuations=kw["prepend_punctuations"],
+                             append_punctuations=kw["append_punctuations"], decoding=decoding_options(kw))
+
+
+def _subtitle_options(kw: dict) -> SubtitleOptions:
+    """srt / vtt layout; the options that need word timings are a usage error without them."""
+    sub = SubtitleOptions(kw["max_line_width"], kw["max_line_count"], kw["highlight_words"])
+    if sub.needs_words and not kw["word_timestamps"]:
+        raise click.UsageError("--max-line-width, --max-line-count and --highlight-words need --word-timestamps")
+    return sub
+
+
+def _vad_options(kw: dict) -> VadOptions | None:
+    """``VadOptions`` when --vad is on; a VAD setting without --vad is a usage error."""
+    ctx = click.get_current_context()
+    if not kw["vad"]:
+        for name in ("vad_threshold", "vad_min_silence_ms"):
+            if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+                raise click.UsageError(f"--{name.replace('_', '-')} needs --vad")
+        return None
+    return VadOptions(threshold=kw["vad_threshold"], min_silence_duration_ms=kw["vad_min_silence_ms"])
+
+
+def _text_settings(preset: Preset, opts: TranscribeOptions, kw: dict) -> dict:
+    """The settings that change the text (resume redoes outputs made with others).
+
+    ``preset`` is the loaded engine's (effective model and dtype); ``opts`` fields are included already.
+    """
+    extra: dict = {}
+    vad = _vad_options(kw)
+    if vad is not None:
+        extra["vad"] = dataclasses.asdict(vad)
+    if _subtitle_options(kw).needs_words:
+        extra["subtitles"] = dataclasses.asdict(_subtitle_options(kw))
+    return text_settings(preset, opts, extra)
 
 
 def _read_inputs(inputs: tuple[str, ...]) -> list[str]:
@@ -57,46 +137,78 @@ def _safe_duration(path: Path) -> float:
         return 0.0
 
 
-def _run(task: str, inputs, preset, model, language, output_dir, output_format, jsonl, overwrite, fail_fast,
-         threads, device, dtype, timestamps, compile_encoder, progress) -> None:
-    if threads:
-        torch.set_num_threads(threads)
-    p = load_preset(preset)
-    opts = TranscribeOptions(task=task, language=language, timestamps=timestamps)
-    found, bad = discover(_read_inputs(inputs))
-    items = plan_outputs(found, output_dir)
-    formats = list(FORMATS) if output_format == "all" else [output_format]
-    engine = load_engine(p, model, dtype, language, compile_encoder)
+def _load(task: str, kw: dict, p: Preset, language: str | None) -> Engine:
+    """Load the engine, rejecting (exit 2) a task or language the model cannot do, before any input."""
+    check_model_name(kw["model"] or p.model, task, language)
+    engine = load_engine(p, kw["model"], kw["dtype"], language, kw["compile_encoder"], kw["device"])
+    check_model_support(engine.model.special, engine.preset.model, task, language)
     if engine.model.target.compiled_encoder is not None:
         click.echo(f"encoder compiled in {engine.model.target.compiled_encoder.compile_seconds:.1f} s", err=True)
+    return engine
+
+
+def _run(task: str, kw: dict) -> None:
+    if kw["overwrite"] and kw["skip_existing"]:
+        raise click.UsageError("--overwrite and --skip-existing exclude each other")
+    if kw["threads"]:
+        torch.set_num_threads(kw["threads"])
+    p = load_preset(kw["preset"])
+    language = normalize_language(kw["language"])
+    opts = _transcribe_options(task, kw, language)
+    found, bad = discover(_read_inputs(kw["inputs"]))
+    items = plan_outputs(found, kw["output_dir"])
+    formats = list(FORMATS) if kw["output_format"] == "all" else [kw["output_format"]]
+    mode = "overwrite" if kw["overwrite"] else "skip-existing" if kw["skip_existing"] else "changed"
+    vad = _vad_options(kw)
+    subtitles = _subtitle_options(kw)  # a usage error (exit 2) before the model loads
+    if vad is not None:
+        load_vad()  # a missing VAD model fails (exit 3) before the Whisper model loads
+    engine = _load(task, kw, p, language)
     summary = RunSummary()
-    with BatchProgress(len(items), sum(_safe_duration(i.path) for i in items), progress) as bar:
-        outcomes = run_batch(engine.model, items, opts, formats, overwrite, decode=engine.decode,
-                             on_window=lambda _p, s: bar.window(s))
-        for outcome in itertools.chain(bad, outcomes):
-            summary.add(outcome)
-            if outcome.error:
-                bar.message(f"failed: {outcome.error}")
-            elif outcome.result is not None:
-                bar.file_done(outcome.result.stats.audio_seconds)
-                if jsonl:
-                    click.echo(json.dumps(result_record(outcome.result, str(outcome.path)), ensure_ascii=False))
-            if outcome.error and fail_fast:
-                break
+    try:
+        with BatchProgress(len(items), sum(_safe_duration(i.path) for i in items), kw["progress"]) as bar:
+            outcomes = run_batch(engine.model, items, opts, formats, decode=engine.decode,
+                                 on_window=lambda _p, s: bar.window(s),
+                                 settings=_text_settings(engine.preset, opts, kw), mode=mode,
+                                 on_redo=lambda path, why: bar.message(f"redoing {path}: {why}"), vad=vad,
+                                 subtitles=subtitles)
+            for outcome in itertools.chain(bad, outcomes):
+                summary.add(outcome)
+                _report(outcome, bar, kw["jsonl"])
+                if outcome.error and kw["fail_fast"]:
+                    break
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        click.echo(summary.line(), err=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     click.echo(summary.line(), err=True)
     if summary.failed:
         raise SystemExit(1)
 
 
+def _report(outcome, bar: BatchProgress, jsonl: str | None) -> None:
+    """One outcome on stderr (failures, skipped files without a record) and stdout (its JSON record)."""
+    if outcome.error:
+        bar.message(f"failed: {outcome.error}")
+        return
+    if outcome.result is not None:
+        bar.file_done(outcome.result.stats.audio_seconds)
+    if jsonl:
+        if outcome.record is not None:
+            click.echo(json.dumps(outcome.record, ensure_ascii=False))
+        else:
+            bar.message(f"skipped {outcome.path}: no JSON record of it on disk to print")
+
+
 @click.command()
 @_options
-def transcribe(**kwargs) -> None:
+def transcribe(**kw) -> None:
     """Transcribe audio files and directories (or '-' for paths on stdin)."""
-    _run("transcribe", **kwargs)
+    _run("transcribe", kw)
 
 
 @click.command()
 @_options
-def translate(**kwargs) -> None:
+def translate(**kw) -> None:
     """Translate speech into English text (Whisper's translate task)."""
-    _run("translate", **kwargs)
+    _run("translate", kw)

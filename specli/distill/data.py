@@ -31,9 +31,9 @@ import torch
 
 from specli.audio import iter_audio_chunks
 from specli.engines.drafters.eagle import target_fingerprint
-from specli.engines.greedy import greedy_decode
+from specli.engines.decoding import WindowDecode
 from specli.engines.targets.loader import WhisperModel
-from specli.engines.transcription import TranscribeOptions, transcribe_stream
+from specli.engines.transcription import TranscribeOptions, WindowObserver, transcribe_stream
 from specli.errors import SpecliError
 
 MANIFEST = "manifest.json"
@@ -55,32 +55,47 @@ def _atomic_write_bytes(path: Path, write: Callable[[Path], None]) -> None:
     os.replace(tmp, path)
 
 
-def read_manifest(out: Path, model: WhisperModel | None = None) -> dict:
-    """The manifest of ``out`` (empty when new); refuses one made with another target."""
+def open_manifest(out: Path, fingerprint: str | None = None, name: str | None = None) -> dict:
+    """The manifest of ``out`` (empty when new); refuses one made with another target (``fingerprint``)."""
     path = out / MANIFEST
     manifest = json.loads(path.read_text()) if path.is_file() else {"done": {}, "next_shard": 0}
-    if model is not None:
-        fp = target_fingerprint(model.target.dims)
-        if manifest.setdefault("fingerprint", fp) != fp:
+    if fingerprint is not None:
+        if manifest.setdefault("fingerprint", fingerprint) != fingerprint:
             raise SpecliError(f"{out}: data was generated with another target ({manifest.get('model')!r})")
-        manifest.setdefault("model", model.name)
+        manifest.setdefault("model", name)
     return manifest
+
+
+def read_manifest(out: Path, model: WhisperModel | None = None) -> dict:
+    """The manifest of ``out`` (empty when new); refuses one made with another target."""
+    if model is None:
+        return open_manifest(out)
+    return open_manifest(out, target_fingerprint(model.target.dims), model.name)
 
 
 def _write_manifest(out: Path, manifest: dict) -> None:
     _atomic_write_bytes(out / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1, sort_keys=True)))
 
 
-def _recording_decoder(windows: list[dict]):
-    """``greedy_decode`` that also records each window's encoder output, prompt and tokens."""
+def add_shard(out: Path, manifest: dict, key: str, records: list[dict], **info) -> str:
+    """Write ``records`` as the next shard (atomically), list it under ``key`` and save the manifest."""
+    shard = f"shard-{manifest['next_shard']:05d}.pt"
+    _atomic_write_bytes(out / shard, lambda p: torch.save({"windows": records}, p))
+    manifest["done"][key] = {"shard": shard, "windows": len(records), **info}
+    manifest["next_shard"] += 1
+    _write_manifest(out, manifest)
+    return shard
 
-    def decode(target, state, prompt, rules, eot, max_new, no_speech=None, sot_index=0):
-        res = greedy_decode(target, state, prompt, rules, eot, max_new, no_speech, sot_index)
+
+def _recorder(windows: list[dict], eot: int) -> WindowObserver:
+    """A window observer that records each window's encoder output, prompt and kept tokens."""
+
+    def record(state, prompt: list[int], win: WindowDecode) -> None:
+        res = win.result
         tokens = list(prompt) + res.tokens + ([eot] if res.finished else [])
         windows.append({"audio": state.audio_features[0], "tokens": tokens, "plen": len(prompt)})
-        return res
 
-    return decode
+    return record
 
 
 def window_record(model: WhisperModel, audio: torch.Tensor, tokens: list[int], plen: int) -> dict:
@@ -97,9 +112,9 @@ def window_record(model: WhisperModel, audio: torch.Tensor, tokens: list[int], p
 
 
 def file_records(model: WhisperModel, path: Path, opts: TranscribeOptions = TranscribeOptions()) -> list[dict]:
-    """Transcribe ``path`` greedily as inference does and return its windows' records."""
+    """Transcribe ``path`` as inference does (``opts``: fallback included) and return its windows' records."""
     windows: list[dict] = []
-    transcribe_stream(model, iter_audio_chunks(path), opts, decode=_recording_decoder(windows))
+    transcribe_stream(model, iter_audio_chunks(path), opts, on_decode=_recorder(windows, model.special.eot))
     return [window_record(model, w["audio"], w["tokens"], w["plen"]) for w in windows]
 
 
@@ -118,11 +133,7 @@ def generate(
             skipped += 1
             continue
         records = file_records(model, Path(path), options)
-        shard = f"shard-{manifest['next_shard']:05d}.pt"
-        _atomic_write_bytes(out / shard, lambda p, r=records: torch.save({"windows": r}, p))
-        manifest["done"][key] = {"shard": shard, "windows": len(records)}
-        manifest["next_shard"] += 1
-        _write_manifest(out, manifest)
+        shard = add_shard(out, manifest, key, records)
         done += 1
         windows += len(records)
         if progress is not None:

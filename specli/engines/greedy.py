@@ -28,7 +28,8 @@ def greedy_decode(
     """Decode one window, one target forward a token, from the filtered logits."""
     t0 = time.perf_counter()
     stats = DecodeStats()
-    out = target.score(state, torch.tensor([prompt]))
+    dev = state.cache.device
+    out = target.score(state, torch.tensor([prompt], device=dev))
     stats.target_forwards += 1
     no_speech_prob = float(out.logits[0, sot_index].softmax(-1)[no_speech]) if no_speech is not None else 0.0
     logits = out.logits[0, -1:]  # [1, vocab]
@@ -36,9 +37,11 @@ def greedy_decode(
     sum_logprob, finished = 0.0, False
     while len(sampled) < max_new_tokens:
         filtered = filter_logits(logits, [sampled], rules, sampling)
-        u = None if sampling.greedy else torch.rand(1, generator=generator, dtype=torch.float64).float()
+        where = generator.device if generator is not None else dev  # drawn where the generator lives
+        u = None if sampling.greedy else torch.rand(1, generator=generator, dtype=torch.float64,
+                                                    device=where).float().to(dev)
         token = int(choose(filtered, sampling, u)[0])
-        sum_logprob += float(torch.log_softmax(filtered[0], -1)[token])
+        sum_logprob += float(torch.log_softmax(unit_temperature(filtered[0], sampling), -1)[token])
         stats.tokens += 1
         if token == eot:
             finished = True
@@ -46,7 +49,13 @@ def greedy_decode(
         sampled.append(token)
         if len(sampled) == max_new_tokens:
             break
-        logits = target.score(state, torch.tensor([[token]])).logits[0]
+        logits = target.score(state, torch.tensor([[token]], device=dev)).logits[0]
         stats.target_forwards += 1
     stats.decode_seconds = time.perf_counter() - t0
     return DecodeResult(sampled, sum_logprob, no_speech_prob, finished, stats)
+
+
+def unit_temperature(filtered: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """Filtered logits ``[..., vocab]`` undivided by the temperature: Whisper's log-probabilities
+    (and so ``avg_logprob`` and the fallback rule) are those of the distribution at temperature 1."""
+    return filtered if sampling.greedy else filtered * sampling.temperature

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from specli.engines.device import host_to_device
+
 
 class KVCache:
     """Keys and values of every decoder layer, ``[layers, batch, heads, max_len, head_dim]`` each.
@@ -32,6 +34,11 @@ class KVCache:
         self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H, T, D]
         self.values = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H, T, D]
         self.length = 0  # slots [0, length) hold valid tokens
+
+    @property
+    def device(self) -> torch.device:
+        """Where the cache (and so the decode step's tensors) lives."""
+        return self.keys.device
 
     @property
     def max_len(self) -> int:
@@ -63,9 +70,11 @@ class KVCache:
         Used after scoring a token tree at slots ``[start, start + n)``: ``indices`` are the slots of
         the accepted root-to-leaf path; afterwards ``length == start + len(indices)``.
         """
-        idx = torch.as_tensor(indices, dtype=torch.long, device=self.keys.device)
-        if idx.numel() and (int(idx.min()) < start or int(idx.max()) >= self.length):
-            raise ValueError(f"compact indices {idx.tolist()} outside [{start}, {self.length})")
+        # checked on the host copy when given one (a device tensor would cost a sync per step)
+        host = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
+        if host and (min(host) < start or max(host) >= self.length):
+            raise ValueError(f"compact indices {host} outside [{start}, {self.length})")
+        idx = host_to_device(host, torch.long, self.keys.device)
         n = idx.numel()
         if n:
             self.keys[:, :, :, start : start + n] = self.keys.index_select(3, idx)

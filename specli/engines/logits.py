@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specli.engines.device import host_to_device
 from specli.engines.types import LogitRules
 
 NEG_INF = float("-inf")
@@ -56,7 +57,7 @@ def filter_logits(
     if params.repetition_penalty != 1.0:
         for i, prefix in enumerate(prefixes):
             if prefix:
-                idx = torch.tensor(sorted(set(prefix)), dtype=torch.long)
+                idx = host_to_device(sorted(set(prefix)), torch.long, x.device)
                 seen = x[i, idx]
                 x[i, idx] = torch.where(seen > 0, seen / params.repetition_penalty, seen * params.repetition_penalty)
     if params.greedy:

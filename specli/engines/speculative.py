@@ -16,11 +16,13 @@ from functools import partial
 
 import torch
 
+from specli.engines.device import host_to_device
 from specli.engines.drafters.base import Drafter, DraftProposal, DraftRequest
+from specli.engines.greedy import unit_temperature
 from specli.engines.logits import GREEDY, SamplingParams, filter_logits
 from specli.engines.tree import depths, tree_inputs
 from specli.engines.types import DecodeResult, DecodeStats, LogitRules, Target, TargetState
-from specli.engines.verify import verify
+from specli.engines.verify import BACKENDS, Backend, verify
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,13 @@ class SpecOptions:
     max_draft: int = 8  # most draft tokens (tree nodes) per target forward
     sampling: SamplingParams = GREEDY  # greedy, or sampling with temperature / top-k / top-p / penalty
     seed: int | None = None  # seed of the random numbers used when sampling
+    verify_backend: Backend = "auto"  # verify kernels: auto (Triton on CUDA, torch elsewhere), reference, triton
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft <= 64:
             raise ValueError("max_draft must be within 0..64")
+        if self.verify_backend not in BACKENDS:
+            raise ValueError(f"verify_backend must be one of {BACKENDS}")
 
 
 def speculative_decode(
@@ -48,15 +53,22 @@ def speculative_decode(
     *,
     drafter: Drafter,
     options: SpecOptions = SpecOptions(),
+    generator: torch.Generator | None = None,
 ) -> DecodeResult:
-    """Decode one window with ``drafter``; same contract as ``greedy_decode``."""
+    """Decode one window with ``drafter``; same contract as ``greedy_decode``.
+
+    Sampling draws from ``generator`` when given (one per file: runs are reproducible from one
+    seed), else from a generator seeded with ``options.seed``.
+    """
     t_start = time.perf_counter()
     stats = DecodeStats()
-    gen = torch.Generator().manual_seed(options.seed) if options.seed is not None else None
+    gen = generator
+    if gen is None and options.seed is not None:
+        gen = torch.Generator(device=state.cache.device).manual_seed(options.seed)
     filt = partial(filter_logits, rules=rules, params=options.sampling)
     no_speech_prob, hidden = 0.0, None
     if len(prompt) > 1:
-        out = target.score(state, torch.tensor([prompt[:-1]]))
+        out = target.score(state, host_to_device([prompt[:-1]], torch.long, state.cache.device))
         stats.target_forwards += 1
         if no_speech is not None and sot_index < len(prompt) - 1:
             no_speech_prob = float(out.logits[0, sot_index].softmax(-1)[no_speech])
@@ -101,26 +113,40 @@ def speculative_decode(
 
 def _verify_step(target, state, tokens, plen, proposal: DraftProposal, filt, options, gen):
     """One target forward over ``[pending] + proposal``; returns emitted tokens and their log-probs."""
-    start = state.cache.length
+    start, dev = state.cache.length, state.cache.device
     n = len(proposal)
-    mask, positions = tree_inputs(proposal.parents, start)
-    scored = torch.tensor([[tokens[-1], *proposal.tokens]])
+    mask, positions = tree_inputs(proposal.parents, start, dev)
+    scored = host_to_device([[tokens[-1], *proposal.tokens]], torch.long, dev)
     out = target.score(state, scored, positions=positions, tree_mask=mask if n else None)
     prefixes = _row_prefixes(tokens[plen:], proposal)
     filtered = filt(out.logits[0], prefixes)  # [n+1, vocab]
     if options.sampling.greedy:  # greedy verification draws nothing
-        u_accept, u_sample = torch.zeros(1, n), torch.zeros(1, n + 1)
-    else:
-        u_accept = torch.rand(1, n, generator=gen, dtype=torch.float64).float()
-        u_sample = torch.rand(1, n + 1, generator=gen, dtype=torch.float64).float()
-    length, path, nxt = verify(filtered[None], proposal, options.sampling.greedy, u_accept, u_sample)
-    kept = [int(i) for i in path[0, : int(length[0])]]
+        u_accept, u_sample = torch.zeros(1, n, device=dev), torch.zeros(1, n + 1, device=dev)
+    else:  # drawn where the generator lives (the target's device unless the caller passed another)
+        where = gen.device if gen is not None else dev
+        u_accept = torch.rand(1, n, generator=gen, dtype=torch.float64, device=where).float().to(dev)
+        u_sample = torch.rand(1, n + 1, generator=gen, dtype=torch.float64, device=where).float().to(dev)
+    length, path, nxt = verify(filtered[None], proposal, options.sampling.greedy, u_accept, u_sample,
+                               backend=options.verify_backend)
+    logp = torch.log_softmax(unit_temperature(filtered, options.sampling), -1)  # [n+1, vocab]
+    kept, nxt_tok, node_lp, next_lp = _read_back(logp, proposal, length, path, nxt)
     state.cache.compact(start, [start] + [start + 1 + i for i in kept])
-    emitted = [proposal.tokens[i] for i in kept] + [int(nxt[0])]
+    emitted = [proposal.tokens[i] for i in kept] + [nxt_tok]
     rows = [0] + [i + 1 for i in kept]
-    logp = torch.log_softmax(filtered[rows], -1)
-    logprobs = [float(logp[j, t]) for j, t in enumerate(emitted)]
+    logprobs = [node_lp[i] for i in kept] + [next_lp[rows[-1]]]
     return emitted, logprobs, out.hidden.select(rows), out.logits[0, 0]
+
+
+def _read_back(logp: torch.Tensor, proposal: DraftProposal, length, path, nxt):
+    """The step's one device-to-host readback: accepted nodes, next token, the log-probability of each
+    node's token at its parent's row (``logp [n+1, vocab]``) and of the next token at every row."""
+    n = len(proposal)
+    node_rows = host_to_device([p + 1 for p in proposal.parents], torch.long, logp.device)
+    node_toks = host_to_device(proposal.tokens, torch.long, logp.device)
+    packed = torch.cat([length.double(), path[0].double(), nxt.double(), logp[node_rows, node_toks].double(),
+                        logp[:, nxt[0]].double()]).tolist()
+    kept = [int(i) for i in packed[1 : 1 + int(packed[0])]]
+    return kept, int(packed[1 + n]), packed[2 + n : 2 + 2 * n], packed[2 + 2 * n :]
 
 
 def _row_prefixes(sampled: list[int], proposal: DraftProposal) -> list[list[int]]:

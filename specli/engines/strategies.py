@@ -1,9 +1,8 @@
-"""Build a window decoder (plain greedy or speculative) from a preset."""
+"""Build a preset's decode method (plain autoregressive, or speculative with its drafter)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import partial
 
 from specli.engines.drafters.base import Drafter
 from specli.engines.drafters.cross_tokenizer import CrossTokenizerDrafter
@@ -11,10 +10,10 @@ from specli.engines.drafters.eagle import EagleDrafter, load_head
 from specli.engines.drafters.model import ModelDrafter, ModelDraftOptions
 from specli.engines.drafters.ngram import NgramDrafter, NgramPool
 from specli.engines.drafters.recycling import RecyclingDrafter
-from specli.engines.greedy import greedy_decode
-from specli.engines.speculative import SpecOptions, speculative_decode
+from specli.engines.decoding import AR, DecodeMethod
+from specli.engines.speculative import SpecOptions
+from specli.engines.device import dtype_name, resolve_device
 from specli.engines.targets.loader import WhisperModel, load_whisper
-from specli.engines.transcription import Decoder
 from specli.presets import Preset
 
 
@@ -31,12 +30,12 @@ def build_drafter(preset: Preset, target: WhisperModel, language: str | None = N
     if preset.drafter == "pool":
         drafter: Drafter = NgramDrafter(NgramPool(preset.ngram), target.special.eot)
     elif preset.drafter == "model":
-        draft = load_whisper(preset.draft_model, preset.dtype)
+        draft = load_whisper(preset.draft_model, preset.dtype, device=target.target.device)
         if draft.target.dims.vocab != target.target.dims.vocab:
             raise ValueError(f"draft model {preset.draft_model!r} has another vocabulary: use cross-tokenizer")
         drafter = ModelDrafter(draft.target, _draft_options(preset))
     elif preset.drafter == "cross-tokenizer":
-        draft = load_whisper(preset.draft_model, preset.dtype)
+        draft = load_whisper(preset.draft_model, preset.dtype, device=target.target.device)
         drafter = CrossTokenizerDrafter(draft, target, language or "en", _draft_options(preset))
     elif preset.drafter == "eagle":
         drafter = EagleDrafter(load_head(preset.head, target.target), _draft_options(preset))
@@ -45,27 +44,28 @@ def build_drafter(preset: Preset, target: WhisperModel, language: str | None = N
     return RecyclingDrafter(drafter) if preset.strategy == "recycling" else drafter
 
 
-def build_decoder(preset: Preset, target: WhisperModel, language: str | None = None) -> Decoder:
-    """``greedy_decode`` for 'ar' presets, else ``speculative_decode`` bound to the preset's drafter."""
+def build_decoder(preset: Preset, target: WhisperModel, language: str | None = None) -> DecodeMethod:
+    """Plain autoregressive decoding for 'ar' presets, else the preset's drafter and speculation settings."""
     if preset.strategy == "ar":
-        return greedy_decode
-    max_draft = min(preset.max_draft, 24)
-    return partial(speculative_decode, drafter=build_drafter(preset, target, language),
-                   options=SpecOptions(max_draft=max_draft))
+        return AR
+    return DecodeMethod(build_drafter(preset, target, language), SpecOptions(max_draft=min(preset.max_draft, 24)))
 
 
 @dataclass(frozen=True)
 class Engine:
-    """A loaded target and the window decoder its preset asks for."""
+    """A loaded target and the decode method its preset asks for."""
 
     preset: Preset
     model: WhisperModel
-    decode: Decoder
+    decode: DecodeMethod  # drafter (None: plain autoregressive) and speculation settings
 
 
 def load_engine(preset: Preset, model: str | None = None, dtype: str | None = None,
-                language: str | None = None, compile_encoder: bool = False) -> Engine:
-    """Load the preset's target (or ``model``) in ``dtype`` (encoder compiled if asked) and build its decoder."""
-    p = replace(preset, model=model or preset.model, dtype=dtype or preset.dtype)
-    whisper = load_whisper(p.model, p.dtype, compile_encoder)
+                language: str | None = None, compile_encoder: bool = False, device: str | None = None) -> Engine:
+    """Load the preset's target (or ``model``) in ``dtype`` on ``device`` (default: the preset's; encoder
+    compiled if asked) and build its decoder. ``Engine.preset`` holds the effective dtype and device."""
+    p = replace(preset, model=model or preset.model, dtype=dtype or preset.dtype, device=device or preset.device)
+    dev = resolve_device(p.device)
+    whisper = load_whisper(p.model, p.dtype, compile_encoder, dev)
+    p = replace(p, dtype=dtype_name(whisper.target.dtype), device=str(dev))
     return Engine(p, whisper, build_decoder(p, whisper, language))

@@ -1,30 +1,35 @@
 """Long-form transcription of one audio stream: sequential 30-second windows with seeking.
 
 Audio arrives as a stream of 16 kHz chunks and only the current window is held, so memory stays
-flat on hour-long files. Each window is encoded once, decoded by the preset's strategy (plain
-greedy or a speculative one; they give identical tokens), split into timed segments by its
-timestamp tokens, and the seek moves to the last closed timestamp.
+flat on hour-long files. Each window is encoded once, decoded with temperature fallback
+(:mod:`specli.engines.decoding`) by the preset's method (plain or speculative: identical tokens at
+temperature 0, the target's distribution above it), split into timed segments by its timestamp
+tokens, and the seek moves to the last closed timestamp.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
+import torch
 
 from specli.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, window_features
-from specli.engines.greedy import greedy_decode
+from specli.engines.decoding import (AR, DecodeMethod, DecodingOptions, WindowDecode, decode_with_fallback,
+                                     should_skip, suppress_ids)
+from specli.engines.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, Word, add_word_timestamps, word_seek
 from specli.engines.language import detect_language
-from specli.engines.segments import (compression_ratio, completed_length, find_loop, split_window,
-                                     trim_repetition)
+from specli.engines.segments import completed_length, find_loop, split_window, trim_repetition
 from specli.engines.targets.loader import WhisperModel
 from specli.engines.targets.whisper_rules import WhisperLogitRules
-from specli.engines.types import DecodeResult, accumulate
+from specli.engines.types import DecodeStats, TargetState, accumulate
 
-Decoder = Callable[..., DecodeResult]  # same signature as greedy_decode
+#: Called after each window's decode with the window's state, prompt and kept decode (distillation
+#: records on-policy windows through it).
+WindowObserver = Callable[[TargetState, list[int], WindowDecode], None]
 
 
 @dataclass(frozen=True)
@@ -34,11 +39,12 @@ class TranscribeOptions:
     task: Literal["transcribe", "translate"] = "transcribe"  # translate = Whisper's X -> English
     language: str | None = None  # language code; None detects it on the first window
     timestamps: bool = True  # segment timestamps from timestamp tokens
-    condition_on_previous_text: bool = True  # prompt each window with the previous window's text
-    no_speech_threshold: float = 0.6  # skip a window whose <|nospeech|> prob is above this ...
-    logprob_threshold: float = -1.0  # ... and whose average log-probability is below this
     max_new_tokens: int = 224  # tokens decoded per window at most (Whisper's sample_len)
     repetition_guard: bool = True  # cut hallucination loops (a block repeated 4 times in a row)
+    decoding: DecodingOptions = DecodingOptions()  # temperatures, fallback thresholds, beam, prompts, seed
+    word_timestamps: bool = False  # word timings from cross-attention alignment (engines/alignment.py)
+    prepend_punctuations: str = PREPEND_PUNCTUATIONS  # with word timestamps: merged into the next word
+    append_punctuations: str = APPEND_PUNCTUATIONS  # with word timestamps: merged into the previous word
 
     def __post_init__(self) -> None:
         if self.task not in ("transcribe", "translate"):
@@ -58,6 +64,8 @@ class Segment:
     avg_logprob: float  # of the window it came from
     no_speech_prob: float  # of the window it came from
     compression_ratio: float  # of the window's text
+    temperature: float = 0.0  # temperature of the window's kept decode (> 0 after a fallback)
+    words: tuple[Word, ...] = ()  # word timings, when word timestamps were asked for
 
 
 @dataclass
@@ -66,19 +74,11 @@ class FileStats:
 
     audio_seconds: float = 0.0
     windows: int = 0
-    tokens: int = 0
-    target_forwards: int = 0
     encode_seconds: float = 0.0
-    decode_seconds: float = 0.0
     skipped_windows: int = 0  # windows dropped by the no-speech check
     trimmed_windows: int = 0  # windows cut by the repetition guard
-    draft_seconds: float = 0.0  # decode time in the drafter (speculative presets)
-    verify_seconds: float = 0.0  # decode time in target forwards + verification (speculative presets)
-    verify_steps: int = 0  # target forwards that verified a draft
-    drafted: int = 0  # draft tokens (tree nodes) proposed
-    accepted: int = 0  # draft tokens accepted
-    position_attempts: list[int] = field(default_factory=list)  # verify steps whose draft reached depth d+1
-    position_accepts: list[int] = field(default_factory=list)  # ... and of those, accepted at depth d+1
+    fallback_windows: int = 0  # windows whose greedy decode failed (retried hotter, or skipped as silence)
+    decode: DecodeStats = field(default_factory=DecodeStats)  # every decode run, fallbacks included
 
 
 @dataclass(frozen=True)
@@ -116,29 +116,57 @@ class _WindowReader:
         return self._buf[: length]
 
 
-def _prompt(model: WhisperModel, opts: TranscribeOptions, language: str | None, previous: list[int]) -> list[int]:
+def _prompt(model: WhisperModel, opts: TranscribeOptions, language: str | None, previous: list[int],
+            hotwords: list[int]) -> list[int]:
+    """``<|startofprev|>`` + hotwords + previous text (initial prompt first), then the sot sequence."""
     sot_seq = model.special.prompt(language, opts.task, opts.timestamps)
-    if opts.condition_on_previous_text and previous:
-        return [model.special.sot_prev, *previous[-(223 - len(sot_seq)) :], *sot_seq]
-    return sot_seq
+    if not previous and not hotwords:
+        return sot_seq
+    room = 223 - len(sot_seq)
+    hot = hotwords[: room // 2]
+    prev = previous[-(room - len(hot)) :] if room > len(hot) else []
+    return [model.special.sot_prev, *hot, *prev, *sot_seq]
+
+
+def logit_rules(model: WhisperModel, opts: TranscribeOptions) -> WhisperLogitRules:
+    """The window's logit rules: the model's, with the suppressed ids of ``opts.decoding``."""
+    sp = model.special
+    rules = WhisperLogitRules.for_model(sp, timestamps=opts.timestamps)
+    always = (sp.transcribe, sp.translate, sp.sot, sp.sot_prev, sp.no_speech)
+    return replace(rules, suppress_tokens=suppress_ids(opts.decoding, sp.suppress_tokens, always))
+
+
+def file_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """The file's random source for sampling: seeded from ``seed``, else from the OS."""
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
 
 
 def transcribe_stream(
     model: WhisperModel,
     chunks: Iterable[np.ndarray],
     opts: TranscribeOptions = TranscribeOptions(),
-    decode: Decoder = greedy_decode,
+    decode: DecodeMethod = AR,
     on_window: Callable[[float], None] | None = None,
+    on_decode: WindowObserver | None = None,
 ) -> FileResult:
-    """Transcribe 16 kHz mono chunks; ``on_window(seconds_done)`` reports progress."""
-    sp, target = model.special, model.target
-    rules = WhisperLogitRules.for_model(sp, timestamps=opts.timestamps)
+    """Transcribe 16 kHz mono chunks with ``decode`` (plain or speculative); ``on_window(seconds_done)``
+    reports progress."""
+    sp, target, dec = model.special, model.target, opts.decoding
+    rules = logit_rules(model, opts)
     reader, stats = _WindowReader(chunks), FileStats()
     language, lang_prob = opts.language, None
     if not sp.multilingual:
         language = language or "en"
     segments: list[Segment] = []
-    previous: list[int] = []
+    last_speech = 0.0  # end of the last aligned word (word timestamps)
+    previous = _encode_text(model, dec.initial_prompt)
+    hotwords = _encode_text(model, dec.hotwords)
+    gen: torch.Generator | None = None
     seek = 0  # in mel frames
     while True:
         audio = reader.window(seek * HOP_LENGTH, N_SAMPLES)
@@ -153,13 +181,28 @@ def transcribe_stream(
         if sp.multilingual and language is None:
             probs = detect_language(target, state, sp)
             language, lang_prob = next(iter(probs.items()))
-        prompt = _prompt(model, opts, language, previous)
+        if gen is None:  # one generator per file, on the target's device
+            gen = file_generator(dec.seed, state.cache.device)
+        prompt = _prompt(model, opts, language, previous, hotwords)
         max_new = min(opts.max_new_tokens, target.dims.text_ctx - len(prompt))
-        res = decode(target, state, prompt, rules, sp.eot, max_new, sp.no_speech, prompt.index(sp.sot))
-        accumulate(stats, res.stats)
-        window_segs, advance, keep = _window_segments(model, opts, res, seek, window_frames, stats)
+        win = decode_with_fallback(target, state, prompt, rules, sp.eot, max_new, sp.no_speech, prompt.index(sp.sot),
+                                   options=dec, text_of=model.tokenizer.decode, method=decode, generator=gen)
+        accumulate(stats.decode, win.stats)
+        stats.fallback_windows += int(win.first_failed)
+        if on_decode is not None:
+            on_decode(state, prompt, win)
+        window_segs, advance, keep = _window_segments(model, opts, win, seek, window_frames, stats)
+        if opts.word_timestamps and window_segs:  # on the final tokens: the same for every decode method
+            aligned = add_word_timestamps(
+                model, state, window_segs, language=language, task=opts.task,
+                time_offset=seek * HOP_LENGTH / SAMPLE_RATE, num_frames=window_frames, last_speech=last_speech,
+                prepend_punctuations=opts.prepend_punctuations, append_punctuations=opts.append_punctuations)
+            window_segs, last_speech = aligned.segments, aligned.last_speech
+            advance = word_seek(win.result.tokens, sp.timestamp_begin, seek, advance, aligned.last_word_end)
         segments += window_segs
         previous = previous + keep if keep else []
+        if not dec.condition_on_previous_text or win.temperature > dec.prompt_reset_on_temperature:
+            previous = []  # do not prompt with text decoded at a high temperature
         seek += advance
         if on_window is not None:
             on_window(seek * HOP_LENGTH / SAMPLE_RATE)
@@ -167,13 +210,17 @@ def transcribe_stream(
     return FileResult(language, lang_prob, segments, stats)
 
 
+def _encode_text(model: WhisperModel, text: str | None) -> list[int]:
+    """openai-whisper's prompt text encoding: a leading space, stripped text."""
+    return model.tokenizer.encode(" " + text.strip()) if text and text.strip() else []
+
+
 def _window_segments(
-    model: WhisperModel, opts: TranscribeOptions, res: DecodeResult, seek: int, window_frames: int, stats: FileStats
+    model: WhisperModel, opts: TranscribeOptions, win: WindowDecode, seek: int, window_frames: int, stats: FileStats
 ) -> tuple[list[Segment], int, list[int]]:
     """Segments of one window, the seek advance, and the tokens to condition the next window on."""
-    sp, tok = model.special, model.tokenizer
-    avg_logprob = res.sum_logprob / (len(res.tokens) + 1)
-    if res.no_speech_prob > opts.no_speech_threshold and avg_logprob < opts.logprob_threshold:
+    sp, tok, res = model.special, model.tokenizer, win.result
+    if should_skip(res.no_speech_prob, win.avg_logprob, win.first_failed, opts.decoding):
         stats.skipped_windows += 1
         return [], window_frames, []
     tokens, trimmed = (trim_repetition(res.tokens, timestamp_begin=sp.timestamp_begin)
@@ -186,10 +233,9 @@ def _window_segments(
         if find_loop([t for t in res.tokens if t < sp.timestamp_begin])[0] == 0:
             raw = []  # the window is nothing but a loop: a hallucination, dropped
     offset = seek * HOP_LENGTH / SAMPLE_RATE
-    ratio = compression_ratio(tok.decode(tokens))
     segs = [
-        Segment(offset + r.start, offset + r.end, tok.decode(list(r.tokens)), r.tokens, avg_logprob,
-                res.no_speech_prob, ratio)
+        Segment(offset + r.start, offset + r.end, tok.decode(list(r.tokens)), r.tokens, win.avg_logprob,
+                res.no_speech_prob, win.compression_ratio, win.temperature)
         for r in raw
     ]
     keep = [] if trimmed else tokens[: completed_length(tokens, sp.timestamp_begin)]

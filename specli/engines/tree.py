@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from specli.engines.device import host_to_device
+
 
 def chain_parents(n: int) -> list[int]:
     return list(range(-1, n - 1))
@@ -35,18 +37,22 @@ def path_to(parents: Sequence[int], node: int) -> list[int]:
     return path[::-1]
 
 
-def tree_inputs(parents: Sequence[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask ``[1, n+1, n+1]`` and positions ``[1, n+1]`` for scoring ``[root] + nodes`` at ``start``.
+def tree_inputs(
+    parents: Sequence[int], start: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask ``[1, n+1, n+1]`` and positions ``[1, n+1]`` on ``device`` for scoring ``[root] + nodes`` at
+    ``start``. Row 0 is the root (at position ``start``); row ``i + 1`` is node ``i``.
 
-    Row 0 is the root (at position ``start``); row ``i + 1`` is node ``i``.
+    Built on the host and copied once (one transfer each, no readback).
     """
     n = len(parents)
     d = depths(parents)
-    mask = torch.zeros(1, n + 1, n + 1, dtype=torch.bool)
-    mask[0, :, 0] = True
+    rows = [[True] + [False] * n for _ in range(n + 1)]
     for i in range(n):
-        mask[0, i + 1, [j + 1 for j in path_to(parents, i)]] = True
-    positions = torch.tensor([[start] + [start + x for x in d]])
+        for j in path_to(parents, i):
+            rows[i + 1][j + 1] = True
+    mask = host_to_device([rows], torch.bool, device)
+    positions = host_to_device([[start] + [start + x for x in d]], torch.long, device)
     return mask, positions
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, get_args, get_origin, get_type_hints
 
 from specli.errors import PresetError
 
@@ -16,7 +17,8 @@ DEFAULT_PRESET = "whisper-eagle-asr"
 
 Strategy = Literal["ar", "chain", "adaptive", "recycling", "sparse-tree"]
 DrafterKind = Literal["none", "pool", "model", "cross-tokenizer", "eagle"]
-DType = Literal["float32", "bfloat16"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]  # auto: float32 on CPU, float16 on CUDA
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,8 @@ class Preset:
     model: str  # bundled model name, Hugging Face id or directory, or CTranslate2 directory
     description: str = ""  # one line shown by `specli presets`
     strategy: Strategy = "ar"  # "ar" = plain greedy; the others draft and verify (lossless)
-    dtype: DType = "float32"  # numeric type of the target's weights and activations
+    dtype: DType = "auto"  # numeric type of the target's weights and activations (auto: by device)
+    device: str = "auto"  # auto (CUDA when available, else CPU), cpu, cuda or cuda:N
     drafter: DrafterKind = "none"  # pool = n-gram pool of earlier hypotheses; model / cross-tokenizer / eagle
     draft_model: str = ""  # the drafter's model, for drafter = model or cross-tokenizer
     head: str = ""  # eagle: directory or shipped name of a trained Speech-Draft head (`specli distill train`)
@@ -38,6 +41,7 @@ class Preset:
     ngram: int = 4  # pool: longest suffix matched
 
     def __post_init__(self) -> None:
+        self._check_types()
         if not self.model:
             raise PresetError(f"preset {self.name!r}: 'model' must not be empty")
         for fname, kind in (("strategy", Strategy), ("dtype", DType), ("drafter", DrafterKind)):
@@ -46,7 +50,26 @@ class Preset:
                     f"preset {self.name!r}: {fname} must be one of {list(get_args(kind))}, "
                     f"not {getattr(self, fname)!r}"
                 )
+        if not _DEVICE.match(self.device):
+            raise PresetError(f"preset {self.name!r}: device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         self._check_strategy()
+
+    def _check_types(self) -> None:
+        """Each value has its field's annotated type (bool is not an int; an int is taken for a float)."""
+        for fname, kind in get_type_hints(type(self)).items():
+            value = getattr(self, fname)
+            origin = get_origin(kind)
+            expected = type(get_args(kind)[0]) if origin is Literal else origin or kind
+            if not isinstance(expected, type):  # a union: left to the field's own checks
+                continue
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, fname, float(value))
+                continue
+            if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
+                raise PresetError(
+                    f"preset {self.name!r}: {fname} must be {_type_word(expected)}, "
+                    f"not {_type_word(type(value))} ({value!r})"
+                )
 
     def _check_strategy(self) -> None:
         def bad(msg: str) -> PresetError:
@@ -70,6 +93,13 @@ class Preset:
             raise bad("ngram must be >= 1")
 
 
+def _type_word(kind: type) -> str:
+    """The TOML word for a Python type (for messages)."""
+    words = {str: "a string", int: "an integer", float: "a number", bool: "a boolean (true/false)",
+             list: "an array", dict: "a table"}
+    return words.get(kind, kind.__name__)
+
+
 def preset_from_dict(name: str, data: dict) -> Preset:
     """Build a :class:`Preset`, rejecting unknown keys."""
     known = {f.name for f in fields(Preset)} - {"name"}
@@ -79,23 +109,33 @@ def preset_from_dict(name: str, data: dict) -> Preset:
     return Preset(name=name, **data)
 
 
-def available_presets() -> list[str]:
-    """Names of the presets shipped with specli."""
-    return sorted(p.name[:-5] for p in resources.files(__package__).iterdir() if p.name.endswith(".toml"))
+def available_presets(task: Literal["transcribe", "synthesize"] | None = "transcribe") -> list[str]:
+    """Names of the presets shipped with specli for ``task`` (None: all; synthesis presets say
+    ``task = "synthesize"`` and are read by :func:`specli.presets.synthesis.load_synthesis_preset`)."""
+    names = sorted(p.name[:-5] for p in resources.files(__package__).iterdir() if p.name.endswith(".toml"))
+    return names if task is None else [n for n in names if read_preset_toml(n)[1].get("task", "transcribe") == task]
 
 
 def load_preset(name_or_path: str) -> Preset:
     """A shipped preset by name, or a TOML file by path."""
+    name, data = read_preset_toml(name_or_path)
+    if data.get("task") == "synthesize":
+        raise PresetError(f"preset {name!r} is a synthesis preset: use it with `specli synthesize --preset {name}`")
+    return preset_from_dict(name, data)
+
+
+def read_preset_toml(name_or_path: str) -> tuple[str, dict]:
+    """``(name, table)`` of a shipped preset by name, or of a TOML file by path."""
     path = Path(name_or_path)
     if path.suffix == ".toml" and path.is_file():
         text, name = path.read_text(), path.stem
     else:
         res = resources.files(__package__) / f"{name_or_path}.toml"
         if not res.is_file():
-            raise PresetError(f"unknown preset {name_or_path!r}; available: {', '.join(available_presets())}")
+            raise PresetError(f"unknown preset {name_or_path!r}; available: {', '.join(available_presets(None))}")
         text, name = res.read_text(), name_or_path
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PresetError(f"preset {name!r}: invalid TOML: {exc}") from exc
-    return preset_from_dict(name, data)
+    return name, data

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
+from specli.engines.logits import sample_inverse_cdf
 from specli.engines.types import HiddenStates, TargetState
 from specli.engines.tree import depths
 
@@ -65,3 +67,81 @@ class Drafter(Protocol):
 
     def commit(self, tokens: list[int]) -> None:
         """The committed sequence after verification (prompt + sampled, the new pending last)."""
+
+
+@dataclass(frozen=True)
+class ModelDraftOptions:
+    """How a model drafter drafts."""
+
+    confidence_threshold: float = 0.0  # adaptive: stop below this drafter probability (0 = never)
+    tree_topk: int = 0  # sparse tree: alternatives added at each low-confidence position (0 = chain)
+    tree_threshold: float = 0.6  # sparse tree: positions below this confidence get alternatives
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.confidence_threshold < 1.0 or not 0.0 <= self.tree_threshold <= 1.0:
+            raise ValueError("thresholds must be within [0, 1)")
+        if self.tree_topk < 0:
+            raise ValueError("tree_topk must be >= 0")
+
+def draft_chain(request: DraftRequest, budget: int, logits: torch.Tensor, advance: Callable[[int], torch.Tensor],
+                options: ModelDraftOptions) -> DraftProposal:
+    """The drafting loop shared by model drafters: from the drafter's ``logits [vocab]`` after the
+    pending token, choose a token under the shared logit filter (argmax, or a sample), stop below the
+    adaptive confidence threshold, and ``advance(token)`` to the next logits; then add sparse-tree
+    alternatives."""
+    sampled = request.tokens[request.prompt_len :]
+    draft: list[int] = []
+    conf: list[float] = []
+    q_rows, alts = [], []
+    while len(draft) < budget:
+        probs = request.filter(logits[None], [sampled + draft]).softmax(-1)[0]
+        tok = draft_token(probs, request)
+        p = float(probs[tok])
+        if not math.isfinite(p) or (draft and p < options.confidence_threshold):
+            break
+        draft.append(tok)
+        conf.append(p)
+        q_rows.append(None if request.greedy else probs)
+        alts.append(probs.topk(options.tree_topk + 1).indices.tolist() if options.tree_topk else [])
+        if len(draft) < budget:
+            logits = advance(tok)
+    return sparse_tree(draft, conf, q_rows, alts, budget, options)
+
+
+def draft_token(probs: torch.Tensor, request: DraftRequest) -> int:
+    """The drafter's token from its filtered distribution ``probs [vocab]``: argmax, or a sample."""
+    if request.greedy:
+        return int(probs.argmax())
+    where = request.generator.device if request.generator is not None else probs.device
+    u = torch.rand(1, generator=request.generator, dtype=torch.float64, device=where).float().to(probs.device)
+    return int(sample_inverse_cdf(probs[None], u)[0])
+
+
+def sparse_tree(draft, conf, q_rows, alts, budget: int, options: ModelDraftOptions) -> DraftProposal:
+    """The drafted chain plus (two-pass sparse tree) alternative leaves at low-confidence positions.
+
+    Alternatives come after every chain node, so parents still precede their children. In sampling
+    mode chain nodes keep their drafter distribution ``q`` and alternatives are point masses.
+    """
+    tokens, parents, confs, q = list(draft), list(range(-1, len(draft) - 1)), list(conf), list(q_rows)
+    for pos, c in enumerate(conf):
+        if not options.tree_topk or c >= options.tree_threshold:
+            continue
+        for alt in alts[pos]:
+            if alt != draft[pos] and len(tokens) < budget:
+                tokens.append(alt)
+                parents.append(pos - 1)
+                confs.append(0.0)
+                q.append(None)
+    q_t = None
+    if q and q[0] is not None:
+        r0 = q[0]
+        q_t = torch.stack([r if r is not None else _one_hot(t, r0) for r, t in zip(q, tokens)])
+    return DraftProposal(tokens, parents, confs, q_t)
+
+
+def _one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
+    """A point mass on ``token`` shaped, typed and placed like the distribution ``like [vocab]``."""
+    row = torch.zeros_like(like)
+    row[token] = 1.0
+    return row

@@ -69,7 +69,8 @@ class CrossTokenizerDrafter:
                 ended = True
                 break
             new.append(tok)
-            logits = self.drafter.target.score(self._state, torch.tensor([[tok]])).logits[0, -1]
+            dev = self.drafter.target.device
+            logits = self.drafter.target.score(self._state, torch.tensor([[tok]], device=dev)).logits[0, -1]
             self._cached.append(tok)
         main = self._to_target(new) + ([self.target_eot] if ended else [])
         chains = [main] + [self._to_target(b) for b in branches]

@@ -33,7 +33,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -43,8 +42,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from specli.engines.drafters.base import EMPTY, DraftProposal, DraftRequest
-from specli.engines.drafters.model import ModelDraftOptions, draft_token, sparse_tree
+from specli.engines.drafters.base import EMPTY, DraftProposal, DraftRequest, ModelDraftOptions, draft_chain
 from specli.engines.kv_cache import KVCache
 from specli.engines.targets.layers import Linear
 from specli.engines.targets.whisper import DecoderState, WhisperDims, WhisperTarget
@@ -85,7 +83,7 @@ def draft_vocabulary(counts: torch.Tensor, size: int, first_special: int) -> tor
     """Token ids of a draft vocabulary of ``size`` rows: every id from ``first_special`` on (special
     and timestamp tokens), then the most frequent other ids of ``counts [V]``; sorted ascending."""
     vocab = counts.numel()
-    special = torch.arange(first_special, vocab)
+    special = torch.arange(first_special, vocab, device=counts.device)
     room = max(size - special.numel(), 0)
     text = counts[:first_special].float().topk(min(room, first_special)).indices
     return torch.cat([text, special]).sort().values
@@ -98,7 +96,7 @@ class SpeechDraftHead(nn.Module):
         super().__init__()
         d = cfg.d_model
         if vocab_ids is None:
-            vocab_ids = torch.arange(cfg.vocab)
+            vocab_ids = torch.arange(cfg.vocab, device=target.device)
         if vocab_ids.numel() != (cfg.draft_vocab or cfg.vocab):
             raise ValueError(f"draft vocabulary has {vocab_ids.numel()} ids, config says {cfg.draft_vocab}")
         self.cfg = cfg
@@ -118,11 +116,12 @@ class SpeechDraftHead(nn.Module):
         # frozen and read-only: shared with an fp32 target, not copied
         self.register_buffer("embed", target.embed.detach().float(), persistent=False)  # [V, d]
         self.register_buffer("dec_pos", target.dec_pos.detach().float(), persistent=False)  # [ctx, d]
-        self.register_buffer("vocab_ids", vocab_ids.long().clone())  # [Vd] draft row -> target token id
-        to_draft = torch.full((cfg.vocab,), -100, dtype=torch.long)
-        to_draft[self.vocab_ids] = torch.arange(self.vocab_ids.numel())
+        self.register_buffer("vocab_ids", vocab_ids.to(target.device).long().clone())  # [Vd] draft row -> token id
+        to_draft = torch.full((cfg.vocab,), -100, dtype=torch.long, device=target.device)
+        to_draft[self.vocab_ids] = torch.arange(self.vocab_ids.numel(), device=target.device)
         self.register_buffer("to_draft", to_draft, persistent=False)  # [V] target token id -> draft row or -100
         self.lm_head = FrozenLinear(target.proj_out.weight.detach()[self.vocab_ids])  # [Vd, d], not stored
+        self.to(target.device)  # the trainable layers join the target's device (shared tables stay shared)
 
     @classmethod
     def for_target(cls, target: WhisperTarget, name: str, vocab_ids: torch.Tensor | None = None) -> SpeechDraftHead:
@@ -137,7 +136,7 @@ class SpeechDraftHead(nn.Module):
         blk = target.dec_blocks[-1]
 
         def bias(lin) -> torch.Tensor:
-            return torch.zeros(lin.out_features) if lin.bias is None else lin.bias.float()
+            return torch.zeros(lin.out_features, device=target.device) if lin.bias is None else lin.bias.float()
 
         a, c = blk.self_attn, blk.cross_attn
         self.qkv.weight.copy_(torch.cat([a[n].weight.float() for n in ("q", "k", "v")]))
@@ -289,6 +288,7 @@ def load_head(name_or_path: str | Path, target: WhisperTarget) -> SpeechDraftHea
         )
     head = SpeechDraftHead(cfg, target, weights.get("vocab_ids"))
     head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=True)
+    head.to(target.device)
     return head.eval()
 
 
@@ -299,7 +299,8 @@ class EagleDrafter:
         self.head = packed_for_inference(head)
         self.options = options
         cfg = head.cfg
-        self._cache = KVCache(1, 1, cfg.heads, cfg.max_steps, cfg.d_model // cfg.heads)
+        self._device = head.embed.device  # the target's device: the head, its cache and its inputs live there
+        self._cache = KVCache(1, 1, cfg.heads, cfg.max_steps, cfg.d_model // cfg.heads, device=self._device)
         self._cross: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @torch.inference_mode()
@@ -320,30 +321,24 @@ class EagleDrafter:
     def propose(self, request: DraftRequest) -> DraftProposal:
         if request.hidden is None or request.budget < 1 or self._cross is None:
             return EMPTY
-        opts, head = self.options, self.head
+        head = self.head
         pos = len(request.tokens) - 1  # decoder position of the pending token
         hid = request.hidden
         x = head.first_input(hid.low[:, -1:], hid.mid[:, -1:], hid.last[:, -1:],
-                             torch.tensor([[request.tokens[-1]]]), torch.tensor([[pos]]))
+                             torch.tensor([[request.tokens[-1]]], device=self._device),
+                             torch.tensor([[pos]], device=self._device))
         self._cache.length = 0
-        sampled = request.tokens[request.prompt_len :]
-        draft: list[int] = []
-        conf: list[float] = []
-        q_rows, alts = [], []
-        budget = min(request.budget, head.cfg.max_steps)
-        while len(draft) < budget:
-            out, logits = self._step(x)
-            probs = request.filter(logits[None], [sampled + draft]).softmax(-1)[0]
-            tok = draft_token(probs, request)
-            p = float(probs[tok])
-            if not math.isfinite(p) or (draft and p < opts.confidence_threshold):
-                break
-            draft.append(tok)
-            conf.append(p)
-            q_rows.append(None if request.greedy else probs)
-            alts.append(probs.topk(opts.tree_topk + 1).indices.tolist() if opts.tree_topk else [])
-            x = head.next_input(out, torch.tensor([[tok]]), torch.tensor([[pos + len(draft)]]))
-        return sparse_tree(draft, conf, q_rows, alts, budget, self.options)
+        last = [None]  # the head's output of the latest step, input of the next
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            last[0], logits = self._step(x)
+            return logits
+
+        def advance(tok: int) -> torch.Tensor:  # the j-th draft token sits at pos + j, after j head steps
+            return step(head.next_input(last[0], torch.tensor([[tok]], device=self._device),
+                                        torch.tensor([[pos + self._cache.length]], device=self._device)))
+
+        return draft_chain(request, min(request.budget, head.cfg.max_steps), step(x), advance, self.options)
 
     def commit(self, tokens: list[int]) -> None:
         """Nothing to keep: every proposal starts from the target's latest hidden state."""

@@ -11,28 +11,10 @@ after a rejection) and drafts with the same logit filter as the target. Two Spec
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from specli.engines.drafters.base import DraftProposal, DraftRequest
-from specli.engines.logits import sample_inverse_cdf
+from specli.engines.drafters.base import DraftProposal, DraftRequest, ModelDraftOptions, draft_chain
 from specli.engines.targets.whisper import DecoderState, WhisperTarget
-
-
-@dataclass(frozen=True)
-class ModelDraftOptions:
-    """How a model drafter drafts."""
-
-    confidence_threshold: float = 0.0  # adaptive: stop below this drafter probability (0 = never)
-    tree_topk: int = 0  # sparse tree: alternatives added at each low-confidence position (0 = chain)
-    tree_threshold: float = 0.6  # sparse tree: positions below this confidence get alternatives
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.confidence_threshold < 1.0 or not 0.0 <= self.tree_threshold <= 1.0:
-            raise ValueError("thresholds must be within [0, 1)")
-        if self.tree_topk < 0:
-            raise ValueError("tree_topk must be >= 0")
 
 
 class ModelDrafter:
@@ -64,26 +46,11 @@ class ModelDrafter:
         return logits
 
     def propose(self, request: DraftRequest) -> DraftProposal:
-        opts = self.options
-        logits = self._sync(request.tokens)
-        sampled = request.tokens[request.prompt_len :]
-        draft: list[int] = []
-        conf: list[float] = []
-        q_rows, alts = [], []
-        while len(draft) < request.budget:
-            probs = request.filter(logits[None], [sampled + draft]).softmax(-1)[0]
-            tok = draft_token(probs, request)
-            p = float(probs[tok])
-            if draft and p < opts.confidence_threshold:
-                break
-            draft.append(tok)
-            conf.append(p)
-            q_rows.append(None if request.greedy else probs)
-            alts.append(probs.topk(opts.tree_topk + 1).indices.tolist() if opts.tree_topk else [])
-            if len(draft) < request.budget:
-                logits = self.model.score(self._state, torch.tensor([[tok]])).logits[0, -1]
-                self._cached.append(tok)
-        return sparse_tree(draft, conf, q_rows, alts, request.budget, opts)
+        def advance(tok: int) -> torch.Tensor:
+            self._cached.append(tok)
+            return self.model.score(self._state, torch.tensor([[tok]], device=self.model.device)).logits[0, -1]
+
+        return draft_chain(request, request.budget, self._sync(request.tokens), advance, self.options)
 
     def commit(self, tokens: list[int]) -> None:
         keep = shared_prefix(self._cached, tokens)
@@ -104,41 +71,4 @@ def rescore(model: WhisperTarget, state: DecoderState, cached: list[int], tokens
     and return the logits ``[vocab]`` after the last token."""
     keep = shared_prefix(cached, tokens)
     state.cache.crop(keep)
-    return model.score(state, torch.tensor([tokens[keep:]])).logits[0, -1]
-
-
-def draft_token(probs: torch.Tensor, request: DraftRequest) -> int:
-    """The drafter's token from its filtered distribution ``probs [vocab]``: argmax, or a sample."""
-    if request.greedy:
-        return int(probs.argmax())
-    u = torch.rand(1, generator=request.generator, dtype=torch.float64).float()
-    return int(sample_inverse_cdf(probs[None], u)[0])
-
-
-def sparse_tree(draft, conf, q_rows, alts, budget: int, options: ModelDraftOptions) -> DraftProposal:
-    """The drafted chain plus (two-pass sparse tree) alternative leaves at low-confidence positions.
-
-    Alternatives come after every chain node, so parents still precede their children. In sampling
-    mode chain nodes keep their drafter distribution ``q`` and alternatives are point masses.
-    """
-    tokens, parents, confs, q = list(draft), list(range(-1, len(draft) - 1)), list(conf), list(q_rows)
-    for pos, c in enumerate(conf):
-        if not options.tree_topk or c >= options.tree_threshold:
-            continue
-        for alt in alts[pos]:
-            if alt != draft[pos] and len(tokens) < budget:
-                tokens.append(alt)
-                parents.append(pos - 1)
-                confs.append(0.0)
-                q.append(None)
-    q_t = None
-    if q and q[0] is not None:
-        vocab = q[0].shape[0]
-        q_t = torch.stack([r if r is not None else _one_hot(t, vocab) for r, t in zip(q, tokens)])
-    return DraftProposal(tokens, parents, confs, q_t)
-
-
-def _one_hot(token: int, vocab: int) -> torch.Tensor:
-    row = torch.zeros(vocab)
-    row[token] = 1.0
-    return row
+    return model.score(state, torch.tensor([tokens[keep:]], device=model.device)).logits[0, -1]

@@ -342,3 +342,52 @@ def write_hf_dir(model: Ct2Model, meta_dir: Path, out_dir: Path) -> WhisperDims:
     _write_json(out_dir / "preprocessor_config.json", preprocessor_config(dims))
     _write_json(out_dir / "tokenizer_config.json", tokenizer_config())
     return dims
+
+
+def read_shard_index(index: Path) -> dict[str, Path]:
+    """Tensor name -> shard file of a ``*.index.json`` (Hugging Face sharded checkpoint).
+
+    Every shard must be a plain file name inside the index's directory (no path, no ``..``) and exist.
+    """
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{index}: cannot read the shard index ({exc!r})") from exc
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ModelLoadError(f"{index}: 'weight_map' must map tensor names to shard files")
+    shards: dict[str, Path] = {}
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            raise ModelLoadError(f"{index}: shard {shard!r} of {name!r} is not a file name in {index.parent}")
+        path = index.parent / shard
+        if not path.is_file():
+            raise ModelLoadError(f"{index}: shard file {path} (holding {name!r}) is missing")
+        shards[str(name)] = path
+    return shards
+
+
+def merge_shards(index: Path, out_file: Path) -> int:
+    """Read every shard a safetensors index names and save them as one ``model.safetensors`` (dtypes kept).
+
+    Each shard must hold exactly the tensors the index assigns to it. Returns the tensor count.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save_file
+
+    shards = read_shard_index(index)
+    expected: dict[Path, set[str]] = {}
+    for name, path in shards.items():
+        expected.setdefault(path, set()).add(name)
+    tensors = {}
+    for path, names in expected.items():
+        try:
+            state = load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ModelLoadError(f"{path}: not a readable safetensors shard ({exc})") from exc
+        if set(state) != names:
+            missing, extra = sorted(names - set(state)), sorted(set(state) - names)
+            raise ModelLoadError(f"{path}: shard does not match {index.name} (missing {missing[:5]}, "
+                                 f"not indexed {extra[:5]})")
+        tensors.update(state)
+    save_file(tensors, str(out_file), metadata={"format": "pt"})
+    return len(tensors)

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import torch
 
+from specli.engines.device import DTYPES, resolve_device, resolve_dtype
 from specli.engines.targets.resolve import resolve_model
 from specli.engines.targets.tokenizer import WhisperSpecialTokens, WhisperTokenizer
 from specli.engines.targets.whisper import WhisperTarget
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+__all__ = ["DTYPES", "WhisperModel", "load_whisper"]
 
 
 @dataclass(frozen=True)
@@ -28,13 +29,16 @@ class WhisperModel:
         return self.tokenizer.special
 
 
-def load_whisper(name_or_path: str, dtype: str = "float32", compile_encoder: bool = False) -> WhisperModel:
-    """Resolve, verify and load a Whisper model; ``dtype`` is ``float32`` or ``bfloat16``;
+def load_whisper(name_or_path: str, dtype: str = "float32", compile_encoder: bool = False,
+                 device: str | torch.device = "cpu") -> WhisperModel:
+    """Resolve, verify and load a Whisper model onto ``device`` (``auto``, ``cpu``, ``cuda[:N]``);
+    ``dtype`` is ``float32``, ``bfloat16``, ``float16`` or ``auto`` (float32 on CPU, float16 on CUDA);
     ``compile_encoder`` compiles the encoder with ``torch.compile`` now (see ``target.compiled_encoder``)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {['auto', *DTYPES]}, not {dtype!r}")
+    dev = resolve_device(device)
     path = resolve_model(name_or_path)
-    target = WhisperTarget.from_dir(path, DTYPES[dtype])
+    target = WhisperTarget.from_dir(path, resolve_dtype(dtype, dev), dev)
     if compile_encoder:
         target.compile_encoder()
     return WhisperModel(name_or_path, path, target, WhisperTokenizer(path))

@@ -35,7 +35,7 @@ from specli.engines.targets.ct2 import (
     sha256_of_parts,
     verify_sha256,
 )
-from specli.engines.targets.convert import write_hf_dir
+from specli.engines.targets.convert import merge_shards, read_shard_index, write_hf_dir
 from specli.errors import ModelLoadError
 
 CACHE_ENV = "SPECLI_CACHE_DIR"
@@ -188,11 +188,33 @@ def _read_hf_config(path: Path) -> dict[str, Any]:
     return data
 
 
+SHARD_INDEX = "model.safetensors.index.json"
+
+
 def resolve_hf_dir(path: Path, *, cache_dir: Path | None = None) -> Path:
-    """Return a Hugging Face Whisper directory as is; convert a pytorch_model.bin-only one safely."""
+    """Return a Hugging Face Whisper directory as is; convert a sharded or pytorch_model.bin-only one.
+
+    The target loads one ``model.safetensors``: shards listed in ``model.safetensors.index.json`` are
+    merged into one file in the cache (once, keyed by the index and shards' sha256), a
+    ``pytorch_model.bin`` is read with ``weights_only=True`` and saved as safetensors.
+    """
     _read_hf_config(path)
-    if (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file():
+    if (path / "model.safetensors").is_file():
         return path
+    index = path / SHARD_INDEX
+    if index.is_file():
+        shards = tuple(sorted(set(read_shard_index(index).values())))
+        return _cached_conversion(
+            (index, *shards),
+            name=path.resolve().name,
+            cache_dir=cache_dir,
+            writer=lambda out: _write_from_shards(path, out),
+        )
+    if (path / "pytorch_model.bin.index.json").is_file():
+        raise ModelLoadError(
+            f"{path}: sharded pytorch_model-*.bin checkpoints are not read (they are pickles); save the model "
+            "with safetensors (save_pretrained(..., safe_serialization=True)) and point specli at that"
+        )
     weights = path / "pytorch_model.bin"
     if weights.is_file():
         return _cached_conversion(
@@ -202,6 +224,21 @@ def resolve_hf_dir(path: Path, *, cache_dir: Path | None = None) -> Path:
             writer=lambda out: _write_from_torch_bin(path, out),
         )
     raise ModelLoadError(f"{path}: no model.safetensors (or pytorch_model.bin) in this Whisper directory")
+
+
+def _write_from_shards(src: Path, out: Path) -> None:
+    """Merge the safetensors shards of ``src`` into ``out/model.safetensors``; copy the JSON/text files."""
+    merge_shards(src / SHARD_INDEX, out / "model.safetensors")
+    _copy_metadata(src, out, skip=(SHARD_INDEX,))
+
+
+def _copy_metadata(src: Path, out: Path, skip: tuple[str, ...] = ()) -> None:
+    """Config, tokenizer and preprocessor files (json, txt, sentencepiece) beside the weights."""
+    for extra in src.iterdir():
+        if extra.name in skip or extra.name.startswith(".") or not extra.is_file():
+            continue
+        if extra.suffix in (".json", ".txt", ".model"):
+            shutil.copyfile(extra, out / extra.name)
 
 
 def _write_from_torch_bin(src: Path, out: Path) -> None:
@@ -220,9 +257,7 @@ def _write_from_torch_bin(src: Path, out: Path) -> None:
         raise ModelLoadError(f"{weights}: expected a mapping of tensor names to tensors")
     tensors = {str(k): v.detach().contiguous().clone() for k, v in state.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    for extra in src.iterdir():
-        if extra.is_file() and extra.suffix in (".json", ".txt", ".model") and not extra.name.startswith("."):
-            shutil.copyfile(extra, out / extra.name)
+    _copy_metadata(src, out)
 
 
 def resolve_hub_id(repo_id: str, *, cache_dir: Path | None = None) -> Path:

@@ -13,6 +13,7 @@ Weights use Hugging Face ``WhisperForConditionalGeneration`` names, loaded from 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,29 @@ class DecoderState:
         return self.cache.length
 
 
+@dataclass(frozen=True)
+class CrossAttention:
+    """What :meth:`WhisperTarget.cross_attention_weights` returns."""
+
+    weights: torch.Tensor  # [batch, n_heads, n, n_frames] float32, softmax over the encoder positions
+    logits: torch.Tensor  # [batch, n, vocab] float32, the same forward's logits
+
+
+def default_alignment_heads(dims: WhisperDims) -> tuple[tuple[int, int], ...]:
+    """Every head of the second half of the decoder layers (openai-whisper's default)."""
+    first = dims.decoder_layers // 2
+    return tuple((layer, head) for layer in range(first, dims.decoder_layers) for head in range(dims.decoder_heads))
+
+
+def _read_alignment_heads(path: Path, dims: WhisperDims) -> tuple[tuple[int, int], ...]:
+    """``alignment_heads`` of ``generation_config.json`` (official repos carry them), else the default."""
+    gen_path = path / "generation_config.json"
+    heads = json.loads(gen_path.read_text()).get("alignment_heads") if gen_path.is_file() else None
+    if not heads:
+        return default_alignment_heads(dims)
+    return tuple((int(layer), int(head)) for layer, head in heads)
+
+
 def _attn_proj(w: dict, prefix: str, dtype: torch.dtype) -> dict[str, Linear]:
     return {
         name: Linear.from_weights(w, f"{prefix}.{name}_proj", dtype)
@@ -112,10 +136,13 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
 class WhisperTarget:
     """Whisper encoder + cached decoder. Stateless apart from its weights."""
 
-    def __init__(self, dims: WhisperDims, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32):
+    def __init__(self, dims: WhisperDims, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
         self.dims = dims
         self.dtype = dtype
-        w = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in weights.items()}
+        self.device = torch.device(device)  # where weights, caches and every decode tensor live
+        self.alignment_heads = default_alignment_heads(dims)  # (layer, head) pairs for word timing
+        w = {k: (v.to(self.device, dtype) if v.is_floating_point() else v.to(self.device)) for k, v in weights.items()}
         self.conv1 = (w["model.encoder.conv1.weight"], w["model.encoder.conv1.bias"])
         self.conv2 = (w["model.encoder.conv2.weight"], w["model.encoder.conv2.bias"])
         self.enc_pos = w["model.encoder.embed_positions.weight"]  # [audio_ctx, d]
@@ -135,18 +162,21 @@ class WhisperTarget:
         return self.compiled_encoder.compile_seconds
 
     @classmethod
-    def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> WhisperTarget:
-        """Load from a Hugging Face layout directory (``config.json`` + ``model.safetensors``)."""
+    def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> WhisperTarget:
+        """Load from a Hugging Face layout directory (``config.json`` + ``model.safetensors``) onto ``device``."""
         path = Path(path)
         cfg = json.loads((path / "config.json").read_text())
-        return cls(WhisperDims.from_hf_config(cfg), load_file(str(path / "model.safetensors")), dtype)
+        target = cls(WhisperDims.from_hf_config(cfg), load_file(str(path / "model.safetensors")), dtype, device)
+        target.alignment_heads = _read_alignment_heads(path, target.dims)
+        return target
 
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """Encoder forward: ``mel [B, n_mels, 3000]`` -> ``[B, audio_ctx, d_model]``."""
         if self.compiled_encoder is not None:
-            return self.compiled_encoder.fn(mel.to(self.dtype))
-        x = F.gelu(F.conv1d(mel.to(self.dtype), *self.conv1, padding=1))
+            return self.compiled_encoder.fn(mel.to(self.device, self.dtype))
+        x = F.gelu(F.conv1d(mel.to(self.device, self.dtype), *self.conv1, padding=1))
         x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1))
         x = x.transpose(1, 2) + self.enc_pos[: x.shape[2]]
         heads = self.dims.encoder_heads
@@ -164,7 +194,7 @@ class WhisperTarget:
     ) -> DecoderState:
         """New decoder state for one window: an empty cache and the cross-attention K/V."""
         d, heads = self.dims, self.dims.decoder_heads
-        feats = audio_features.to(self.dtype)
+        feats = audio_features.to(self.device, self.dtype)
         cross = tuple(
             (_split_heads(blk.cross_attn["k"](feats), heads), _split_heads(blk.cross_attn["v"](feats), heads))
             for blk in self.dec_blocks
@@ -189,12 +219,19 @@ class WhisperTarget:
         """
         cache, heads = state.cache, self.dims.decoder_heads
         start, n = cache.length, tokens.shape[1]
+        tokens = tokens.to(self.device)  # a no-op when the caller built them on the target's device
         if positions is None:
-            positions = torch.arange(start, start + n, device=tokens.device).expand_as(tokens)
-        if int(positions.max()) >= self.dims.text_ctx:
-            raise ValueError(f"decoder position {int(positions.max())} beyond {self.dims.text_ctx}")
+            if start + n > self.dims.text_ctx:
+                raise ValueError(f"decoder position {start + n - 1} beyond {self.dims.text_ctx}")
+            positions = torch.arange(start, start + n, device=self.device).expand_as(tokens)
+        elif positions.device.type == "cpu" or cache.max_len > self.dims.text_ctx:
+            # elsewhere the cache bound (tree positions < start + n <= max_len <= text_ctx) implies
+            # this check, which would cost a host sync on an accelerator
+            if int(positions.max()) >= self.dims.text_ctx:
+                raise ValueError(f"decoder position {int(positions.max())} beyond {self.dims.text_ctx}")
+        positions = positions.to(self.device)
         x = self.embed[tokens] + self.dec_pos[positions]  # [B, n, d]
-        mask = _self_attn_mask(start, n, tree_mask, tokens.device)
+        mask = _self_attn_mask(start, n, None if tree_mask is None else tree_mask.to(self.device), self.device)
         low = mid = x
         for i, blk in enumerate(self.dec_blocks):
             x = self._decoder_block(blk, i, x, state, start, mask, heads)
@@ -206,6 +243,50 @@ class WhisperTarget:
         last = layer_norm(x, self.dec_ln)
         logits = self.proj_out(last).float()
         return ScoreOutput(logits, HiddenStates(low, mid, last))
+
+    @torch.inference_mode()
+    def cross_attention_weights(
+        self,
+        state: DecoderState,
+        tokens: torch.Tensor,  # [B, n] a whole sequence, decoder positions 0..n-1
+        heads: Sequence[tuple[int, int]],  # (decoder layer, head) pairs to return
+        n_frames: int | None = None,  # softmax over the first n_frames encoder positions (None: all)
+        scale: float = 1.0,  # multiplies the attention logits before the softmax
+    ) -> CrossAttention:
+        """Cross-attention weights of chosen heads over a token sequence (for word timing).
+
+        Runs the decoder over ``tokens`` from position 0 with its own causal self-attention (the
+        state's cache is neither read nor written; only its cross-attention K/V are used) and
+        returns the chosen heads' ``softmax(scale * q k^T / sqrt(D))`` over the first ``n_frames``
+        encoder positions, in float32, plus the logits of the same forward.
+        """
+        n, n_heads = tokens.shape[1], self.dims.decoder_heads
+        if n > self.dims.text_ctx:
+            raise ValueError(f"{n} tokens exceed the decoder's {self.dims.text_ctx} positions")
+        frames = self.dims.audio_ctx if n_frames is None else n_frames
+        heads = [(int(layer), int(head)) for layer, head in heads]
+        by_layer: dict[int, list[int]] = {}
+        for layer, head in heads:
+            by_layer.setdefault(layer, []).append(head)
+        found: dict[tuple[int, int], torch.Tensor] = {}
+        x = self.embed[tokens] + self.dec_pos[:n]  # [B, n, d]
+        for i, blk in enumerate(self.dec_blocks):
+            a = blk.self_attn
+            h = layer_norm(x, blk.self_ln)
+            q, k, v = (_split_heads(a[p](h), n_heads) for p in ("q", "k", "v"))
+            x = x + a["out"](_merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+            c = blk.cross_attn
+            q = _split_heads(c["q"](layer_norm(x, blk.cross_ln)), n_heads)  # [B, H, n, D]
+            ck, cv = state.cross_kv[i]
+            ck, cv = ck[: q.shape[0]], cv[: q.shape[0]]
+            x = x + c["out"](_merge_heads(F.scaled_dot_product_attention(q, ck, cv)))
+            if i in by_layer:
+                qk = q.float() @ ck[:, :, :frames].float().transpose(-1, -2) * (q.shape[-1] ** -0.5)
+                for head in by_layer[i]:
+                    found[(i, head)] = (qk[:, head] * scale).softmax(dim=-1)  # [B, n, frames]
+            x = blk.mlp(x)
+        logits = self.proj_out(layer_norm(x, self.dec_ln)).float()
+        return CrossAttention(torch.stack([found[pair] for pair in heads], dim=1), logits)
 
     def _decoder_block(
         self, blk: _Block, i: int, x: torch.Tensor, state: DecoderState, start: int, mask, heads: int

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specli.engines.device import host_to_device
 from specli.engines.targets.tokenizer import WhisperSpecialTokens
 
 NEG_INF = float("-inf")
@@ -49,10 +50,11 @@ class WhisperLogitRules:
             raise ValueError(f"{logits.shape[0]} logit rows but {len(prefixes)} prefixes")
         out = logits.clone()
         if self.suppress_tokens:
-            out[:, list(self.suppress_tokens)] = NEG_INF
+            out[:, host_to_device(list(self.suppress_tokens), torch.long, out.device)] = NEG_INF
         begin_rows = [i for i, p in enumerate(prefixes) if len(p) == 0]
         if begin_rows and self.begin_suppress_tokens:
-            out[torch.tensor(begin_rows)[:, None], torch.tensor(self.begin_suppress_tokens)[None, :]] = NEG_INF
+            rows = host_to_device(begin_rows, torch.long, out.device)[:, None]
+            out[rows, host_to_device(list(self.begin_suppress_tokens), torch.long, out.device)[None, :]] = NEG_INF
         if self.timestamps:
             for i, prefix in enumerate(prefixes):
                 self._timestamp_masks(out[i], prefix)
@@ -84,4 +86,4 @@ class WhisperLogitRules:
         tb = self.timestamp_begin
         logprobs = torch.log_softmax(out.float(), dim=-1)
         force = torch.logsumexp(logprobs[:, tb:], dim=-1) > logprobs[:, :tb].max(dim=-1).values
-        out[force, :tb] = NEG_INF
+        out[:, :tb].masked_fill_(force[:, None], NEG_INF)  # no boolean indexing: no host sync on CUDA

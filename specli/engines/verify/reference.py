@@ -68,9 +68,9 @@ def greedy_tree(
     """Walk along the target's argmax: path length ``[B]``, path nodes ``[B, n]`` (-1 padded), next ``[B]``."""
     choice = logits.argmax(-1)  # [B, n+1]
     b, n = tokens.shape
-    lengths = torch.zeros(b, dtype=torch.long)
-    paths = torch.full((b, n), -1, dtype=torch.long)
-    nxt = torch.zeros(b, dtype=torch.long)
+    lengths = torch.zeros(b, dtype=torch.long, device=tokens.device)
+    paths = torch.full((b, n), -1, dtype=torch.long, device=tokens.device)
+    nxt = torch.zeros(b, dtype=torch.long, device=tokens.device)
     for r in range(b):
         cur, depth = -1, 0
         while True:
@@ -94,9 +94,9 @@ def sample_tree(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sibling-wise rejection sampling down the tree (SpecInfer-style); returns like :func:`greedy_tree`."""
     b, n = tokens.shape
-    lengths = torch.zeros(b, dtype=torch.long)
-    paths = torch.full((b, n), -1, dtype=torch.long)
-    nxt = torch.zeros(b, dtype=torch.long)
+    lengths = torch.zeros(b, dtype=torch.long, device=tokens.device)
+    paths = torch.full((b, n), -1, dtype=torch.long, device=tokens.device)
+    nxt = torch.zeros(b, dtype=torch.long, device=tokens.device)
     for r in range(b):
         cur, depth = -1, 0
         while True:

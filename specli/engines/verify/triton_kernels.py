@@ -2,7 +2,11 @@
 to the accepted length and the next token. Pure-torch twins live in ``reference.py``; tests compare
 them on the CPU under ``TRITON_INTERPRET=1``. Random numbers are passed in, never drawn here.
 
-One program per batch row; the vocabulary is scanned in blocks of ``BLOCK_V``.
+One program per batch row; the vocabulary is scanned in blocks of ``BLOCK_V``. Kernels: greedy chain,
+greedy tree (walk along the argmax), sampling chain, sampling tree (sibling-wise rejection: the running
+residual ``normalize(max(0, r - q))`` of the current node lives in a scratch row of ``V`` floats per
+batch row, rewritten in place after each rejected sibling). Probabilities are float32 here and float64
+in the reference; they agree except at rounding ties (never seen in the tests).
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from specli.engines.device import host_to_device
 
 BLOCK_V = 1024
 
@@ -131,6 +137,69 @@ def _sample_chain_kernel(p_ptr, q_ptr, draft_ptr, ua_ptr, us_ptr, acc_ptr, next_
     tl.store(next_ptr + b, nxt)
 
 
+@triton.jit
+def _copy_row(src_ptr, dst_ptr, V, BLOCK: tl.constexpr):
+    for v0 in range(0, V, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < V, other=0.0).to(tl.float32), mask=offs < V)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _reject_update(res_ptr, q_ptr, V, tok, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
+    """In place: ``res = normalize(max(0, res - q))`` (``q`` a point mass on ``tok`` without ``HAS_Q``);
+    left unchanged when nothing remains (as the reference does)."""
+    total = tl.full((), 0.0, tl.float32)
+    for v0 in range(0, V, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        total += tl.sum(_residual_block(res_ptr, q_ptr, offs, V, tok, HAS_Q, True), axis=0)
+    tl.debug_barrier()
+    if total > 0.0:
+        for v0 in range(0, V, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            x = _residual_block(res_ptr, q_ptr, offs, V, tok, HAS_Q, True)
+            tl.store(res_ptr + offs, x / total, mask=offs < V)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _sample_tree_kernel(p_ptr, q_ptr, tok_ptr, par_ptr, ua_ptr, us_ptr, res_ptr, len_ptr, path_ptr, next_ptr,
+                        N, V, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
+    """Sibling-wise rejection sampling down a tree; the running residual of the current node lives in
+    ``res_ptr`` (one scratch row of ``V`` floats per batch row)."""
+    b = tl.program_id(0)
+    res_row = res_ptr + b * V
+    cur = tl.full((), -1, tl.int64)
+    depth = tl.full((), 0, tl.int64)
+    done = tl.full((), 0, tl.int32)
+    nxt = tl.full((), 0, tl.int64)
+    for _step in range(0, N + 1):
+        if done == 0:
+            _copy_row(p_ptr + (b * (N + 1) + cur + 1) * V, res_row, V, BLOCK)
+            chosen = tl.full((), -1, tl.int64)
+            for c in range(0, N):
+                parent = tl.load(par_ptr + c)
+                if (parent == cur) & (chosen < 0):
+                    tok = tl.load(tok_ptr + b * N + c)
+                    q_row = q_ptr + (b * N + c) * V
+                    r_x = tl.load(res_row + tok)
+                    q_x = tl.load(q_row + tok).to(tl.float32) if HAS_Q else 1.0
+                    if tl.load(ua_ptr + b * N + c) * q_x < r_x:
+                        chosen = tl.full((), 0, tl.int64) + c
+                    else:
+                        _reject_update(res_row, q_row, V, tok, HAS_Q, BLOCK)
+            if chosen >= 0:
+                tl.store(path_ptr + b * N + depth, chosen)
+                depth += 1
+                cur = chosen
+            else:
+                nxt = _sample_row(res_row, q_ptr, V, -1, tl.load(us_ptr + b * (N + 1) + cur + 1), HAS_Q, False,
+                                  BLOCK)
+                done = tl.full((), 1, tl.int32)
+    tl.store(len_ptr + b, depth)
+    tl.store(next_ptr + b, nxt)
+
+
 def greedy_chain(logits: torch.Tensor, draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel twin of ``reference.greedy_chain``: logits ``[B, k+1, V]``, draft ``[B, k]``."""
     b, k1, v = logits.shape
@@ -144,7 +213,7 @@ def greedy_tree(logits: torch.Tensor, tokens: torch.Tensor, parents) -> tuple[to
     """Kernel twin of ``reference.greedy_tree``."""
     b, n = tokens.shape
     v = logits.shape[-1]
-    par = torch.as_tensor(list(parents), dtype=torch.long, device=logits.device)
+    par = host_to_device(list(parents), torch.long, logits.device)
     length = torch.empty(b, dtype=torch.long, device=logits.device)
     path = torch.full((b, n), -1, dtype=torch.long, device=logits.device)
     nxt = torch.empty(b, dtype=torch.long, device=logits.device)
@@ -164,3 +233,21 @@ def sample_chain(probs, q, draft, u_accept, u_sample) -> tuple[torch.Tensor, tor
                                u_accept.float().contiguous(), u_sample.float().contiguous(), acc, nxt, k1 - 1, v,
                                HAS_Q=q is not None, BLOCK=BLOCK_V)
     return acc, nxt
+
+
+def sample_tree(probs, q, tokens, parents, u_accept, u_sample) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Kernel twin of ``reference.sample_tree``: probs ``[B, n+1, V]``, q ``[B, n, V]`` or None, tokens ``[B, n]``."""
+    b, n = tokens.shape
+    v = probs.shape[-1]
+    dev = probs.device
+    par = host_to_device(list(parents), torch.long, dev)
+    length = torch.empty(b, dtype=torch.long, device=dev)
+    path = torch.full((b, n), -1, dtype=torch.long, device=dev)
+    nxt = torch.empty(b, dtype=torch.long, device=dev)
+    scratch = torch.empty(b, v, dtype=torch.float32, device=dev)  # running residual of each row
+    p = probs.float().contiguous()
+    q_arg = p if q is None else q.float().contiguous()
+    _sample_tree_kernel[(b,)](p, q_arg, tokens.long().contiguous(), par, u_accept.float().contiguous(),
+                              u_sample.float().contiguous(), scratch, length, path, nxt, n, v,
+                              HAS_Q=q is not None, BLOCK=BLOCK_V)
+    return length, path, nxt

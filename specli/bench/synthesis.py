@@ -1,0 +1,151 @@
+"""``specli bench`` for synthesis presets: text -> speech tokens, interleaved, against an AR baseline.
+
+Each pass runs every utterance through every preset in turn (baseline first); pool drafters are
+rebuilt per pass. The report reuses :mod:`specli.bench.report` (``Run`` records, median-wall repeat,
+acceptance and speedups) and adds the exactness column:
+
+- greedy presets: tokens identical to the AR preset of the same model (greedy);
+- sampling presets: the same seed gives identical tokens across the repeated passes of the preset.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from specli.bench.report import Run, SystemInfo, acceptance_stats, aggregate, speedups
+from specli.engines.synthesis import SynthesisInputError, Synthesizer, build_synthesizer
+from specli.engines.targets.cosyvoice import CosyVoiceModel, load_cosyvoice
+from specli.presets.synthesis import SynthesisPreset, load_synthesis_preset
+from specli.speech_batch import read_items
+
+
+@dataclass(frozen=True)
+class SynthesisBenchOptions:
+    """What to benchmark and how."""
+
+    presets: tuple[str, ...]  # synthesis preset names or TOML files
+    baseline: str | None = None  # AR preset the speedups are relative to; None = first AR preset given
+    repeat: int = 3  # measured passes
+    warmup: bool = True  # one unrecorded pass first
+    seed: int = 0  # run seed (each utterance's generator from (seed, id))
+    model: str | None = None  # override every preset's model (a checkpoint directory)
+
+    def __post_init__(self) -> None:
+        if not self.presets or self.repeat < 1:
+            raise ValueError("give at least one preset and repeat >= 1")
+
+
+def _systems(opts: SynthesisBenchOptions) -> tuple[list[SynthesisPreset], str]:
+    presets = [load_synthesis_preset(p) for p in opts.presets]
+    if opts.baseline:
+        base = load_synthesis_preset(opts.baseline)
+    else:
+        base = next((p for p in presets if p.strategy == "ar"), None)
+        if base is None:
+            raise ValueError("no AR preset among --presets: give --baseline")
+    if all(p.name != base.name for p in presets):
+        presets.insert(0, base)
+    presets.sort(key=lambda p: p.name != base.name)
+    return presets, base.name
+
+
+def run_synthesis_bench(inputs: Sequence[str], opts: SynthesisBenchOptions,
+                        progress: Callable[[str], None] | None = None) -> dict:
+    """Measure every preset on the utterances of ``inputs`` (text files / manifests); return the report."""
+    presets, baseline = _systems(opts)
+    requests = [it.request for it in read_items(inputs) if it.request is not None]
+    if not requests:
+        raise ValueError("no utterances to measure")
+    models: dict[tuple[str, str], CosyVoiceModel] = {}
+    for p in presets:
+        key = (opts.model or p.model, p.dtype)
+        if key not in models:
+            models[key] = load_cosyvoice(*key)
+    runs: list[Run] = []
+    for rep in range(-1 if opts.warmup else 0, opts.repeat):
+        synths: list[tuple[SynthesisPreset, Synthesizer]] = [
+            (p, build_synthesizer(p, models[(opts.model or p.model, p.dtype)], seed=opts.seed)) for p in presets]
+        for req in requests:
+            for p, synth in synths:
+                t0 = time.perf_counter()
+                try:
+                    res = synth.synthesize(req)
+                except SynthesisInputError as exc:
+                    if progress:
+                        progress(f"skip {req.id}: {exc}")
+                    continue
+                wall = time.perf_counter() - t0
+                if rep >= 0:
+                    runs.append(Run(p.name, req.id, rep, 0.0, wall, 0.0, res.stats, tuple(res.tokens), req.text))
+                if progress:
+                    progress(f"{'warmup' if rep < 0 else f'pass {rep + 1}'} {p.name} {req.id}: "
+                             f"{len(res.tokens)} tokens, {wall:.2f} s")
+    return build_synthesis_report(presets, baseline, runs)
+
+
+def build_synthesis_report(presets: Sequence[SynthesisPreset], baseline: str, runs: Sequence[Run]) -> dict:
+    """Per preset: tokens/s, acceptance (micro and per position), speedup vs baseline, exactness."""
+    utts = aggregate(runs)
+    base = {f: u for (s, f), u in utts.items() if s == baseline}
+    summaries = []
+    for p in presets:
+        mine = [u for (s, _), u in sorted(utts.items()) if s == p.name]
+        tokens = sum(len(u.run.token_ids or ()) for u in mine)
+        decode = sum(u.run.stat("decode_seconds") for u in mine)
+        info = SystemInfo(p.name, "preset", p.model, p.strategy)
+        summary = {"system": info.name, "model": info.model, "strategy": info.strategy, "sampler": p.sampler,
+                   "utterances": len(mine), "tokens": tokens, "wall_seconds": sum(u.run.wall_seconds for u in mine),
+                   "tokens_per_second": tokens / decode if decode else None,
+                   **acceptance_stats(mine), **speedups(mine, base), "exactness": _exactness(p, mine, presets, utts)}
+        summaries.append(summary)
+    return {"task": "synthesize", "baseline": baseline, "summaries": summaries,
+            "runs": [r.to_dict() for r in runs]}
+
+
+def _exactness(p: SynthesisPreset, mine, presets: Sequence[SynthesisPreset], utts) -> dict:
+    if p.sampler == "greedy":
+        ref = next((q.name for q in presets if q.strategy == "ar" and q.sampler == "greedy" and q.model == p.model
+                    and q.name != p.name), None)
+        if ref is None:
+            return {"kind": "greedy: identical tokens vs AR", "reference": None, "identical": 0, "compared": 0}
+        pairs = [(u, utts.get((ref, u.run.file))) for u in mine]
+        same = [u.run.token_ids == r.run.token_ids for u, r in pairs if r is not None]
+        return {"kind": "greedy: identical tokens vs AR", "reference": ref, "identical": sum(same),
+                "compared": len(same)}
+    return {"kind": "sampling: same seed, identical across repeats", "reference": p.name,
+            "identical": sum(u.stable for u in mine), "compared": len(mine)}
+
+
+def summary_lines(report: dict) -> list[str]:
+    """One line per preset for stderr."""
+    lines = []
+    for s in report["summaries"]:
+        e, sp = s["exactness"], s["speedup_e2e"]
+        tps = "-" if s["tokens_per_second"] is None else f"{s['tokens_per_second']:.1f}"
+        acc = "-" if s["acceptance_micro"] is None else f"{s['acceptance_micro']:.2f}"
+        lines.append(f"{s['system']:24s} {tps:>8s} tok/s  tau {acc:>5s}  speedup "
+                     f"{'-' if sp is None else f'{sp:.2f}x':>6s}  exact {e['identical']}/{e['compared']} ({e['kind']})")
+    return lines
+
+
+def write_synthesis_report(report: dict, out: Path) -> list[Path]:
+    """``report.json`` and a short ``report.md`` table in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    js, md = out / "report.json", out / "report.md"
+    js.write_text(json.dumps(report, indent=1))
+    rows = ["| preset | sampler | tok/s | tau | per-position acceptance | speedup vs "
+            f"{report['baseline']} | exactness |", "|---|---|---|---|---|---|---|"]
+    for s in report["summaries"]:
+        e = s["exactness"]
+        rates = ", ".join(f"{r:.2f}" for r in s["position_rates"]) or "-"
+        tps = "-" if s["tokens_per_second"] is None else f"{s['tokens_per_second']:.1f}"
+        tau = "-" if s["acceptance_micro"] is None else f"{s['acceptance_micro']:.2f}"
+        sp = "-" if s["speedup_e2e"] is None else f"{s['speedup_e2e']:.2f}x"
+        rows.append(f"| {s['system']} | {s['sampler']} | {tps} | {tau} | {rates} | {sp} | "
+                    f"{e['identical']}/{e['compared']} {e['kind']} |")
+    md.write_text("# specli bench: synthesis\n\n" + "\n".join(rows) + "\n")
+    return [js, md]

@@ -1,0 +1,103 @@
+"""``specli distill data|train`` for synthesis presets: on-policy speech-token data and drafter training.
+
+Called by :mod:`specli.commands.distill` when ``--preset`` names a synthesis preset (``task =
+"synthesize"``); the Whisper path is unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from specli.errors import PresetError, SpecliError
+
+
+def is_speech_preset(name: str) -> bool:
+    """True when ``name`` is a synthesis preset (a CosyVoice LM target)."""
+    from specli.presets import read_preset_toml
+
+    return read_preset_toml(name)[1].get("task") == "synthesize"
+
+
+def load_speech_target(preset_name: str, model: str | None = None, sampler: str | None = None):
+    """The preset's CosyVoice LM (or ``model``) and its deployment sampler settings."""
+    from specli.engines.device import resolve_device
+    from specli.engines.synthesis import build_synthesizer
+    from specli.engines.targets.cosyvoice import load_cosyvoice
+    from specli.presets.synthesis import load_synthesis_preset
+
+    preset = load_synthesis_preset(preset_name)
+    loaded = load_cosyvoice(model or preset.model, preset.dtype, device=resolve_device(preset.device))
+    try:
+        synth = build_synthesizer(preset, loaded, draft="none", sampler=sampler)
+    except ValueError as exc:
+        raise PresetError(str(exc)) from exc
+    return loaded, synth.options.sampler
+
+
+def run_speech_data(inputs, texts, preset_name: str, out: Path, model: str | None, sampler: str | None, seed: int,
+                    aux_layers: str | None, per_shard: int, quiet: bool) -> None:
+    """Regenerate on-policy labels for the utterances of INPUTS / --text and write shards to ``out``."""
+    from specli.distill.speech_data import SpeechDataOptions, generate_speech
+    from specli.speech_batch import read_items
+
+    items = read_items(inputs, texts, sys.stdin if "-" in inputs else None)
+    for it in items:
+        if it.request is None:
+            click.echo(f"error: {it.where}: {it.error}", err=True)
+    requests = [it.request for it in items if it.request is not None]
+    if not requests:
+        raise SpecliError("no utterance to speak (give text files, a *.jsonl manifest, '-' or --text)")
+    try:
+        layers = tuple(int(x) for x in aux_layers.split(",")) if aux_layers else ()
+        opts_kw = dict(seed=seed, aux_layers=layers, per_shard=per_shard)
+    except ValueError as exc:
+        raise click.BadParameter(f"--aux-layers must be comma-separated integers: {exc}") from exc
+    loaded, sampler_opts = load_speech_target(preset_name, model, sampler)
+    try:
+        opts = SpeechDataOptions(sampler=sampler_opts, **opts_kw)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    progress = None if quiet else (lambda msg, done, total: click.echo(f"[{done}/{total}] {msg}", err=True))
+    s = generate_speech(requests, loaded, out, opts, progress)
+    click.echo(f"{s.kept} sequence(s) kept ({s.tokens} tokens), {s.dropped} without eos dropped, {s.failed} failed; "
+               f"{s.skipped} already done -> {out}", err=True)
+
+
+def run_speech_train(data_dirs, preset_name: str, out: Path | None, val_dir: Path | None, model: str | None,
+                     quiet: bool, **train_kw) -> None:
+    """Train a DSpark / DFlash / EAGLE-3 drafter on the shards of ``data_dirs``."""
+    from specli.distill.data import load_windows
+    from specli.distill.speech_data import read_speech_manifest
+    from specli.distill.speech_train import SpeechTrainOptions, train_speech
+
+    manifests = [read_speech_manifest(d) for d in data_dirs]
+    keys = ("fingerprint", "aux_layers", "sampler", "seed")
+    if any({k: m.get(k) for k in keys} != {k: manifests[0].get(k) for k in keys} for m in manifests):
+        raise SpecliError("the data directories were generated with different targets, layers or samplers")
+    try:
+        opts = SpeechTrainOptions(**train_kw)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    loaded, _ = load_speech_target(preset_name, model)
+    from specli.distill.speech_data import lm_fingerprint
+
+    if manifests[0].get("fingerprint") != lm_fingerprint(loaded):
+        raise SpecliError(f"{data_dirs[0]}: data was generated with another target ({manifests[0].get('model')!r})")
+    out = out or Path(f"{opts.drafter}-drafter")
+    records = [r for d in data_dirs for r in load_windows(d)]
+    val = None
+    if val_dir is not None:
+        read_speech_manifest(val_dir)
+        val = load_windows(val_dir)
+    progress = None if quiet else (lambda msg: click.echo(msg, err=True))
+    try:
+        summary = train_speech(records, loaded, out, opts, val, manifests[0], progress)
+    except ValueError as exc:
+        raise SpecliError(str(exc)) from exc
+    acc = "-" if summary.val_acceptance is None else (
+        f"{summary.val_acceptance:.3f} (best {summary.best_acceptance:.3f}, saved)")
+    click.echo(f"{summary.steps} step(s), loss {summary.last_loss:.4f}, validation acceptance {acc}, "
+               f"{summary.seconds_per_step:.2f} s/step -> {summary.head_dir}", err=True)

@@ -1,0 +1,98 @@
+"""``specli synthesize``: text -> CosyVoice speech tokens (``<id>.npy``) or audio (``--format wav|flac``),
+one utterance a line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+import torch
+
+from specli.commands.synthesize_audio import run_audio
+from specli.engines.synthesis import load_synthesizer
+from specli.errors import PresetError
+from specli.presets.synthesis import load_synthesis_preset
+from specli.speech_audio import AudioOptions
+from specli.speech_batch import SpeechOutcome, read_items, result_record, run_synthesis
+
+
+def _default_preset(model: str | None) -> str:
+    return f"{model}-ar" if model in ("cosyvoice2", "cosyvoice3") else "cosyvoice2-ar"
+
+
+@click.command()
+@click.argument("inputs", nargs=-1)
+@click.option("--text", "texts", multiple=True, help="An utterance to speak (repeatable); ids text_00001, ...")
+@click.option("--model", help="cosyvoice2, cosyvoice3, or a checkpoint directory (overrides the preset's).")
+@click.option("--preset", help="Synthesis preset name or TOML file (default: <model>-ar).")
+@click.option("--draft", help="Override the preset's drafter: none, pool, or a DSpark / DFlash / EAGLE-3 drafter "
+                              "directory (speculators or z-lab format; or a name under $SPECLI_MODELS_DIR).")
+@click.option("--sampler", type=click.Choice(["ras", "vllm", "greedy"]), help="Override the preset's sampler.")
+@click.option("--temperature", type=float, help="vllm sampler only.")
+@click.option("--top-p", type=float, help="Nucleus mass (ras default 0.8).")
+@click.option("--top-k", type=int, help="Nucleus size (ras default 25).")
+@click.option("--repetition-penalty", type=float, help="vllm sampler only (over prompt and output tokens).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Run seed; each utterance's from (seed, id).")
+@click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("."))
+@click.option("--jsonl", type=click.Choice(["-"]), help="Also print one JSON record per utterance to stdout.")
+@click.option("--overwrite", is_flag=True, help="Redo utterances whose output (<id>.npy, .wav or .flac) exists.")
+@click.option("--threads", type=click.IntRange(1), help="CPU threads for torch (default: torch's choice).")
+@click.option("--device", help="auto (CUDA when available), cpu, cuda or cuda:N (default: the preset's, auto).")
+@click.option("--progress/--no-progress", default=None, help="A line per utterance on stderr (default: on a terminal).")
+@click.option("--format", "fmt", type=click.Choice(["npy", "wav", "flac"]), default="npy", show_default=True,
+              help="npy: speech tokens only; wav/flac: audio through the flow and HiFT stages (flow.pt, hift.pt).")
+@click.option("--sample-rate", type=click.IntRange(8000, 192000), default=24000, show_default=True,
+              help="Audio rate (resampled with soxr when not 24000).")
+@click.option("--prompt-wav", help="Voice prompt recording (<= 30 s, >= 16 kHz) for wav/flac output.")
+@click.option("--prompt-text", help="Transcript of --prompt-wav (CosyVoice3: a '...<|endofprompt|>' prefix is added "
+                                    "when absent).")
+@click.option("--speaker", help="A stored speaker of the model's spk2info.pt (instead of --prompt-wav).")
+def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed,
+               output_dir, jsonl, overwrite, threads, device, progress, fmt, sample_rate, prompt_wav, prompt_text,
+               speaker) -> None:
+    """Speech tokens or audio for text: INPUTS are text files (one utterance a line), '-' (stdin) or JSONL
+    manifests (*.jsonl: {"id", "text", "prompt_text", "prompt_tokens", "prompt_wav"}); writes OUTPUT_DIR/<id>.npy, or
+    <id>.wav / <id>.flac with --format. No text normalisation is applied (the text is spoken as written)."""
+    if not inputs and not texts:
+        raise click.UsageError("give text files, '-', a *.jsonl manifest or --text")
+    if fmt == "npy" and (prompt_wav or prompt_text or speaker or sample_rate != 24000):
+        raise click.UsageError("--prompt-wav, --prompt-text, --speaker and --sample-rate need --format wav or flac")
+    if threads:
+        torch.set_num_threads(threads)
+    p = load_synthesis_preset(preset or _default_preset(model))
+    try:
+        synth = load_synthesizer(p, model, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed,
+                                 device)
+    except ValueError as exc:  # sampler settings that do not fit the sampler
+        raise PresetError(str(exc)) from exc
+    items = read_items(inputs, texts, sys.stdin if "-" in inputs else None)
+    show = sys.stderr.isatty() if progress is None else progress
+    counts = {"ok": 0, "failed": 0, "skipped": 0}
+    t0, done = time.perf_counter(), [0]
+
+    def report(out: SpeechOutcome) -> None:
+        done[0] += 1
+        if out.error:
+            counts["failed"] += 1
+            click.echo(f"failed: {out.where}: {out.error}", err=True)
+        elif out.skipped:
+            counts["skipped"] += 1
+        else:
+            counts["ok"] += 1
+            if show:
+                click.echo(f"[{done[0]}/{len(items)}] {out.id}: {len(out.result.tokens)} tokens", err=True)
+            if jsonl:
+                click.echo(json.dumps(result_record(out.result), ensure_ascii=False))
+
+    if fmt != "npy":
+        options = AudioOptions(fmt, sample_rate, seed)
+        return run_audio(synth, items, output_dir, options, prompt_wav, prompt_text, speaker, overwrite, bool(jsonl),
+                         show)
+    run_synthesis(synth, items, output_dir, overwrite, report)
+    click.echo(f"utterances: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped; "
+               f"wall {time.perf_counter() - t0:.1f} s", err=True)
+    if counts["failed"]:
+        raise SystemExit(1)

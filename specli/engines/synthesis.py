@@ -1,0 +1,215 @@
+"""Text -> CosyVoice speech tokens, one utterance at a time (beside ``transcription.py``).
+
+For each request: tokenize prompt text and text (CosyVoice3 needs ``<|endofprompt|>``; a request
+with neither a prompt text nor the marker in its text gets upstream's ``"You are a helpful
+assistant.<|endofprompt|>"`` as prompt text, not counted in the length limits), build the
+LM input ``[sos] + text + [task] + prompt speech tokens`` as input-layout ids, derive
+``min_len = 2 x`` / ``max_len = 20 x`` the text tokens, build the sampler's pure logit rules
+(:func:`specli.engines.sampling.build_sampler`, every stop id merged into eos) and decode with
+``greedy_decode`` (AR) or ``speculative_decode`` (a drafter; lossless for the chosen sampler). Each
+request draws from its own generator seeded from ``(seed, request id)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specli.engines.drafters.ngram import NgramDrafter, NgramPool
+from specli.engines.greedy import greedy_decode
+from specli.engines.device import resolve_device
+from specli.engines.sampling import SamplerOptions, build_sampler, default_options, request_generator
+from specli.engines.speculative import SpecOptions, speculative_decode
+from specli.engines.speech_drafting import SpeechDraftOptions, load_drafter
+from specli.engines.targets.cosyvoice import CosyVoiceModel, load_cosyvoice
+from specli.engines.targets.cosyvoice_text import CV3_DEFAULT_PROMPT, ENDOFPROMPT, TextTokenizerError
+from specli.engines.types import DecodeStats
+from specli.errors import SpecliError
+from specli.presets.synthesis import SynthesisPreset
+
+
+class SynthesisInputError(SpecliError):
+    """One request cannot be synthesized (empty, too long, untokenizable, bad prompt); the batch goes on."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """One utterance to speak."""
+
+    id: str  # output name and generator key
+    text: str  # the text to speak
+    prompt_text: str = ""  # transcript of the prompt speech (CosyVoice3: must contain <|endofprompt|>)
+    prompt_tokens: tuple[int, ...] = ()  # speech tokens of the prompt audio (zero-shot voice)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("a synthesis request needs an id")
+        object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request turned into LM input ids and length limits."""
+
+    prompt: list[int]  # input-layout ids: [sos] + text + [task] + prompt speech tokens
+    text_tokens: int  # tokens of the text to speak (prompt text not counted)
+    min_len: int  # fewer generated tokens cannot stop (upstream's masking rule)
+    max_len: int  # most generated tokens
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    """How speech tokens are generated."""
+
+    sampler: SamplerOptions = SamplerOptions("ras")  # ras / vllm / greedy and their settings
+    seed: int = 0  # run seed; each request's generator is seeded from (seed, request id)
+    drafter: str = "none"  # none = plain AR; pool = n-gram pool over earlier outputs (chain); dspark / dflash /
+    # eagle3 = that kind of drafter from draft_dir; model = any drafter directory (kind read from its config)
+    max_draft: int = 8  # most draft tokens per target forward
+    ngram: int = 4  # pool: longest suffix matched
+    draft_dir: str = ""  # dspark / dflash / eagle3 / model: drafter directory or a name under $SPECLI_MODELS_DIR
+    draft_options: SpeechDraftOptions = SpeechDraftOptions()  # their strategy (chain, adaptive, sparse-tree, recycling)
+
+    def __post_init__(self) -> None:
+        if self.drafter not in ("none", "pool", "dspark", "dflash", "eagle3", "model"):
+            raise ValueError(f"unknown synthesis drafter {self.drafter!r} (none, pool, dspark, dflash, eagle3, model)")
+        if self.drafter not in ("none", "pool") and not self.draft_dir:
+            raise ValueError(f"drafter {self.drafter!r} needs a drafter directory")
+        if not 1 <= self.max_draft <= 64 or self.ngram < 1:
+            raise ValueError("max_draft must be within 1..64 and ngram >= 1")
+
+
+@dataclass(frozen=True)
+class SynthesisResult:
+    """The speech tokens of one request and how they were decoded."""
+
+    id: str  # the request's id
+    text: str  # the text spoken
+    tokens: list[int]  # generated speech tokens (stop token excluded)
+    text_tokens: int  # text tokens (prompt text not counted)
+    min_len: int  # minimum generated tokens
+    max_len: int  # maximum generated tokens
+    finished: bool  # True when a stop token ended it, False when max_len did
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+def prepare(model: CosyVoiceModel, request: SynthesisRequest) -> PreparedRequest:
+    """Tokenize and lay out one request; :class:`SynthesisInputError` says what is wrong with it."""
+    spec, tok = model.spec, model.tokenizer
+    if not request.text.strip():
+        raise SynthesisInputError("empty text")
+    try:
+        text = tok.encode(request.text)
+        prompt_text = request.prompt_text
+        if spec.kind == "cosyvoice3" and not prompt_text and tok.endofprompt not in text:
+            prompt_text = CV3_DEFAULT_PROMPT  # as prompt text: not counted in the length limits
+        ptext = tok.encode(prompt_text) if prompt_text else []
+    except TextTokenizerError as exc:
+        raise SynthesisInputError(str(exc)) from exc
+    if not text:
+        raise SynthesisInputError("the text has no tokens")
+    if spec.kind == "cosyvoice3" and tok.endofprompt not in (*ptext, *text):
+        raise SynthesisInputError(f"CosyVoice3 needs {ENDOFPROMPT} in the prompt text "
+                                  f"(e.g. '{CV3_DEFAULT_PROMPT}<transcript>')")
+    try:
+        prompt = model.lm.layout.prompt(text, ptext, request.prompt_tokens)
+    except ValueError as exc:
+        raise SynthesisInputError(str(exc)) from exc
+    min_len, max_len = spec.lengths(len(text))
+    limit = model.lm.qwen.dims.max_positions
+    if len(prompt) + max_len + 2 > limit:
+        raise SynthesisInputError(f"too long: {len(text)} text tokens allow {max_len} speech tokens, and with "
+                                  f"the {len(prompt)}-token prompt that exceeds the model's {limit} positions")
+    return PreparedRequest(prompt, len(text), min_len, max_len)
+
+
+class Synthesizer:
+    """A loaded CosyVoice LM, its sampler and (optionally) a drafter, reused across requests."""
+
+    def __init__(self, model: CosyVoiceModel, options: SynthesisOptions = SynthesisOptions()) -> None:
+        self.model, self.options = model, options
+        eos = model.spec.eos
+        self.drafter = NgramDrafter(NgramPool(options.ngram), eos) if options.drafter == "pool" else None
+        if options.drafter not in ("none", "pool"):  # loads the drafter and attaches its layers to the LM
+            kind = None if options.drafter == "model" else options.drafter
+            self.drafter = load_drafter(options.draft_dir, model.lm, options.draft_options, kind)
+
+    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
+        """Speech tokens for ``request`` (raises :class:`SynthesisInputError` for a bad request)."""
+        prep = prepare(self.model, request)
+        spec, lm, opts = self.model.spec, self.model.lm, self.options
+        rules, params = build_sampler(opts.sampler, prompt_tokens=request.prompt_tokens,
+                                      stop_ids=list(spec.stop_ids), min_len_mask_id=spec.min_length_mask_id,
+                                      min_len=prep.min_len, stop_into=spec.eos)
+        state = lm.start(len(prep.prompt) + prep.max_len + 2)
+        gen = request_generator(opts.seed, request.id, state.cache.device)
+        if self.drafter is None:
+            res = greedy_decode(lm, state, prep.prompt, rules, spec.eos, prep.max_len, sampling=params,
+                                generator=gen)
+        else:
+            res = speculative_decode(lm, state, prep.prompt, rules, spec.eos, prep.max_len, drafter=self.drafter,
+                                     options=SpecOptions(max_draft=opts.max_draft, sampling=params), generator=gen)
+        return SynthesisResult(request.id, request.text, list(res.tokens), prep.text_tokens, prep.min_len,
+                               prep.max_len, res.finished, res.stats)
+
+    def finish(self) -> None:
+        """Add the last request's output to the drafter's pool (end of a run)."""
+        if isinstance(self.drafter, NgramDrafter):
+            self.drafter.finish_window()
+
+
+def synthesize(model: CosyVoiceModel, requests: Sequence[SynthesisRequest],
+               options: SynthesisOptions = SynthesisOptions()) -> list[SynthesisResult]:
+    """Speech tokens for every request, in order (a bad request raises)."""
+    synth = Synthesizer(model, options)
+    return [synth.synthesize(r) for r in requests]
+
+
+def sampler_options(name: str, model: CosyVoiceModel, temperature: float | None = None, top_p: float | None = None,
+                    top_k: int | None = None, repetition_penalty: float | None = None) -> SamplerOptions:
+    """The sampler's settings: given values, else the model yaml's RAS settings (ras) or the published
+    SpeechSpec settings for this model (vllm), else the sampler's defaults."""
+    given = (temperature, top_p, top_k, repetition_penalty)
+    if name == "vllm" and all(v is None for v in given):
+        return default_options("vllm", model.spec.kind)
+    if name == "ras":
+        ras = model.spec.ras
+        return SamplerOptions("ras", temperature, ras.top_p if top_p is None else top_p,
+                              ras.top_k if top_k is None else top_k, repetition_penalty,
+                              win_size=ras.win_size, tau_r=ras.tau_r)
+    return SamplerOptions(name, *given)  # type: ignore[arg-type]
+
+
+def load_synthesizer(preset: SynthesisPreset, model: str | None = None, draft: str | None = None,
+                     sampler: str | None = None, temperature: float | None = None, top_p: float | None = None,
+                     top_k: int | None = None, repetition_penalty: float | None = None, seed: int = 0,
+                     device: str | None = None) -> Synthesizer:
+    """Load the preset's CosyVoice LM (or ``model``) on ``device`` (default: the preset's) and build its
+    synthesizer; arguments override the preset."""
+    loaded = load_cosyvoice(model or preset.model, preset.dtype, device=resolve_device(device or preset.device))
+    return build_synthesizer(preset, loaded, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed)
+
+
+def build_synthesizer(preset: SynthesisPreset, loaded: CosyVoiceModel, draft: str | None = None,
+                      sampler: str | None = None, temperature: float | None = None, top_p: float | None = None,
+                      top_k: int | None = None, repetition_penalty: float | None = None, seed: int = 0
+                      ) -> Synthesizer:
+    """A synthesizer for ``preset`` over an already loaded model (a new drafter pool each call).
+
+    Sampler settings are not mixed across samplers: the preset's temperature / top-p / top-k /
+    penalty apply only when the sampler is the preset's own.
+    """
+    name = sampler or preset.sampler
+    own = name == preset.sampler
+    pick = lambda cli, pre: cli if cli is not None else (pre if own else None)  # noqa: E731
+    opts = sampler_options(name, loaded, pick(temperature, preset.temperature), pick(top_p, preset.top_p),
+                           pick(top_k, preset.top_k), pick(repetition_penalty, preset.repetition_penalty))
+    drafter, draft_dir = draft or preset.drafter, preset.draft_dir
+    if drafter not in ("none", "pool", "dspark", "dflash", "eagle3"):  # --draft DIR: a drafter directory or name
+        drafter, draft_dir = "model", drafter
+    model_drafter = drafter not in ("none", "pool")
+    strategy = preset.strategy if preset.strategy not in ("ar", "chain") and model_drafter else "chain"
+    dopts = SpeechDraftOptions(strategy, preset.confidence_threshold, preset.tree_topk, preset.tree_threshold)
+    return Synthesizer(loaded, SynthesisOptions(opts, seed, drafter, preset.max_draft, preset.ngram, draft_dir, dopts))

@@ -1,0 +1,170 @@
+"""Batch synthesis: read utterances (text files, stdin, ``--text``, JSONL manifests), skip finished ones,
+synthesize the rest, write ``<id>.npy`` speech tokens atomically. A bad line is reported with its line
+number and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specli.engines.synthesis import SynthesisInputError, SynthesisRequest, SynthesisResult, Synthesizer
+
+
+@dataclass(frozen=True)
+class SpeechItem:
+    """One input line: a request, or why it cannot become one."""
+
+    where: str  # "file:line" (or "--text 2") for messages
+    request: SynthesisRequest | None  # None when the line is bad
+    error: str = ""  # why the line is bad
+    prompt_wav: str = ""  # a manifest line's voice prompt recording (audio output only; see speech_audio.py)
+
+
+@dataclass(frozen=True)
+class SpeechOutcome:
+    """What happened to one input line."""
+
+    where: str  # "file:line"
+    id: str  # request id ("" for a line that had none)
+    result: SynthesisResult | None = None  # set when synthesized now
+    skipped: bool = False  # output existed and --overwrite was not given
+    error: str = ""  # why it failed
+
+
+_SAFE_ID = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _safe(name: str) -> str:
+    return _SAFE_ID.sub("_", name).strip("._") or "utt"
+
+
+def _manifest_item(where: str, line: str, default_id: str, base: Path | None = None) -> SpeechItem:
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return SpeechItem(where, None, f"not valid JSON: {exc.msg}")
+    if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+        return SpeechItem(where, None, "a manifest line needs a string 'text'")
+    tokens = rec.get("prompt_tokens")
+    wav = rec.get("prompt_wav")
+    if wav is not None and (not isinstance(wav, str) or not wav.strip()):
+        return SpeechItem(where, None, "prompt_wav must be a non-empty path (relative to the manifest)")
+    if tokens is not None and (not isinstance(tokens, list) or not all(type(t) is int for t in tokens)):
+        return SpeechItem(where, None, "prompt_tokens must be a list of integers")
+    prompt_text = rec.get("prompt_text") or ""
+    if not isinstance(prompt_text, str):
+        return SpeechItem(where, None, "prompt_text must be a string")
+    rid = rec.get("id", default_id)
+    if not isinstance(rid, (str, int)) or not str(rid).strip():
+        return SpeechItem(where, None, "id must be a non-empty string")
+    wav_path = "" if not wav else str(base / wav if base is not None else Path(wav))
+    return SpeechItem(where, SynthesisRequest(_safe(str(rid)), rec["text"], prompt_text, tuple(tokens or ())),
+                      prompt_wav=wav_path)
+
+
+def _lines(name: str, lines: Iterable[str], stem: str, manifest: bool) -> Iterator[SpeechItem]:
+    for n, raw in enumerate(lines, 1):
+        line = raw.rstrip("\r\n")
+        where, default_id = f"{name}:{n}", f"{stem}_{n:05d}"
+        if manifest:
+            if line.strip():
+                yield _manifest_item(where, line, default_id, Path(name).parent)
+        elif not line.strip():
+            yield SpeechItem(where, None, "empty line")
+        else:
+            yield SpeechItem(where, SynthesisRequest(default_id, line.strip()))
+
+
+def read_items(inputs: Iterable[str], texts: Iterable[str] = (), stdin: Iterable[str] | None = None
+               ) -> list[SpeechItem]:
+    """Items of every input: ``*.jsonl`` manifests, text files (one utterance a line), ``-`` (stdin), ``--text``."""
+    items: list[SpeechItem] = []
+    for i, text in enumerate(texts, 1):
+        items.append(SpeechItem(f"--text {i}", SynthesisRequest(f"text_{i:05d}", text))
+                     if text.strip() else SpeechItem(f"--text {i}", None, "empty text"))
+    for name in inputs:
+        if name == "-":
+            items += _lines("<stdin>", stdin or (), "stdin", False)
+            continue
+        path = Path(name)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            items.append(SpeechItem(name, None, f"cannot read: {exc}"))
+            continue
+        items += _lines(name, lines, _safe(path.stem), path.suffix == ".jsonl")
+    seen: set[str] = set()
+    out = []
+    for it in items:
+        if it.request is not None and it.request.id in seen:
+            it = SpeechItem(it.where, None, f"duplicate id {it.request.id!r}")
+        elif it.request is not None:
+            seen.add(it.request.id)
+        out.append(it)
+    return out
+
+
+def tokens_path(output_dir: Path, rid: str) -> Path:
+    return output_dir / f"{rid}.npy"
+
+
+def write_tokens_atomic(path: Path, tokens: list[int]) -> None:
+    """``tokens`` as an int32 ``.npy``, through a hidden temporary file and a rename (as ``write_atomic``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
+    try:
+        with open(tmp, "xb") as fh:
+            np.save(fh, np.asarray(tokens, dtype=np.int32))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def run_synthesis(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, overwrite: bool = False,
+                  on_outcome: Callable[[SpeechOutcome], None] | None = None) -> list[SpeechOutcome]:
+    """Synthesize every good item whose ``<id>.npy`` is missing (or all with ``overwrite``)."""
+    outcomes = []
+    for it in items:
+        if it.request is None:
+            out = SpeechOutcome(it.where, "", error=it.error)
+        elif not overwrite and tokens_path(output_dir, it.request.id).is_file():
+            out = SpeechOutcome(it.where, it.request.id, skipped=True)
+        elif it.prompt_wav and not it.request.prompt_tokens:
+            out = SpeechOutcome(it.where, it.request.id, error="prompt_wav needs the speech-tokenizer frontend: "
+                                "give --format wav or flac, or prompt_tokens (speech token ids of the prompt)")
+        else:
+            try:
+                res = synth.synthesize(it.request)
+                write_tokens_atomic(tokens_path(output_dir, it.request.id), res.tokens)
+                out = SpeechOutcome(it.where, it.request.id, res)
+            except SynthesisInputError as exc:
+                out = SpeechOutcome(it.where, it.request.id, error=str(exc))
+        outcomes.append(out)
+        if on_outcome is not None:
+            on_outcome(out)
+    synth.finish()
+    return outcomes
+
+
+def result_record(result: SynthesisResult) -> dict:
+    """The JSONL record of one synthesized utterance."""
+    s = result.stats
+    return {
+        "id": result.id, "text": result.text, "tokens": len(result.tokens), "text_tokens": result.text_tokens,
+        "min_len": result.min_len, "max_len": result.max_len, "finished": result.finished,
+        "stats": {"target_forwards": s.target_forwards, "decode_seconds": round(s.decode_seconds, 4),
+                  "tokens_per_second": round(len(result.tokens) / s.decode_seconds, 2) if s.decode_seconds else 0.0,
+                  "verify_steps": s.verify_steps, "drafted": s.drafted, "accepted": s.accepted,
+                  "acceptance_length": round(s.acceptance_length, 3)},
+    }

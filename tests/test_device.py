@@ -1,0 +1,116 @@
+"""``--device`` / preset ``device`` / ``dtype = "auto"``: resolution rules, validation, and the CLI on
+this machine (through Click's CliRunner and as a subprocess). The CUDA path itself is tests/test_cuda.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from conftest import EN_CLIPS, SAMPLES
+from specli.cli import main
+from specli.engines.device import host_to_device, resolve_device, resolve_dtype
+from specli.errors import PresetError, UsageError
+from specli.presets import load_preset, preset_from_dict
+from specli.presets.synthesis import synthesis_preset_from_dict
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA messages")
+CLIP = EN_CLIPS[2]  # 3 s
+
+
+def test_device_resolution():
+    auto = resolve_device("auto")
+    assert auto.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    for bad in ("gpu", "cuda:", "cuda:x", "CPU", "mps", ""):
+        with pytest.raises(UsageError, match="auto, cpu, cuda or cuda:N"):
+            resolve_device(bad)
+
+
+@NO_CUDA
+@pytest.mark.parametrize("spec", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_a_cuda_device_is_a_usage_error(spec):
+    with pytest.raises(UsageError, match="no CUDA device"):
+        resolve_device(spec)
+
+
+def test_dtype_auto_is_float32_on_cpu_and_float16_on_cuda():
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.float16
+    assert resolve_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype"):
+        resolve_dtype("float64", torch.device("cpu"))
+
+
+def test_host_to_device_keeps_values_and_type():
+    t = host_to_device([[1, 2], [3, 4]], torch.long, "cpu")
+    assert t.dtype == torch.long and t.tolist() == [[1, 2], [3, 4]] and t.device.type == "cpu"
+
+
+def test_presets_carry_a_validated_device():
+    assert load_preset("whisper-eagle-asr").device == "auto"
+    assert load_preset("whisper-base-ar").dtype == "auto"
+    assert preset_from_dict("x", {"model": "whisper-base", "device": "cuda:1"}).device == "cuda:1"
+    with pytest.raises(PresetError, match="device"):
+        preset_from_dict("x", {"model": "whisper-base", "device": "tpu"})
+    with pytest.raises(PresetError, match="device"):
+        synthesis_preset_from_dict("s", {"model": "cosyvoice2", "device": "gpu0"})
+
+
+def test_engine_reports_the_effective_device_and_dtype():
+    from specli.engines.strategies import load_engine
+
+    engine = load_engine(load_preset("whisper-tiny.en-ar"), device="cpu")
+    assert engine.preset.device == "cpu" and engine.preset.dtype == "float32"
+    assert engine.model.target.device == torch.device("cpu")
+    assert engine.model.target.embed.device.type == "cpu"
+
+
+def _invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_transcribe_on_cpu_through_the_cli(tmp_path):
+    res = _invoke("transcribe", CLIP, "--preset", "whisper-tiny.en-ar", "--device", "cpu", "-o", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / f"{CLIP.stem}.txt").read_text().strip()
+
+
+@NO_CUDA
+@pytest.mark.parametrize("command", [
+    ("transcribe", str(CLIP), "--preset", "whisper-tiny.en-ar"),
+    ("translate", str(CLIP), "--preset", "whisper-base-ar"),
+    ("bench", str(CLIP), "--presets", "whisper-tiny.en-ar", "--repeat", "1"),
+    ("synthesize", "--text", "hello"),
+])
+def test_every_command_refuses_cuda_without_one(tmp_path, command):
+    out = ["-o", str(tmp_path)] if command[0] != "bench" else ["--out", str(tmp_path)]
+    res = _invoke(*command, "--device", "cuda", *out)
+    assert res.exit_code == 2, res.output
+    assert "no CUDA device" in res.output
+
+
+@NO_CUDA
+def test_bad_device_as_a_subprocess(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "specli", "transcribe", str(CLIP), "--preset", "whisper-tiny.en-ar",
+                           "--device", "cuda:0", "-o", str(tmp_path)], capture_output=True, text=True,
+                          cwd=SAMPLES.parent, timeout=300)
+    assert proc.returncode == 2
+    assert "no CUDA device" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "specli", "transcribe", str(CLIP), "--device", "tpu",
+                           "-o", str(tmp_path)], capture_output=True, text=True, cwd=SAMPLES.parent, timeout=300)
+    assert proc.returncode == 2 and "auto, cpu, cuda or cuda:N" in proc.stderr
+
+
+def test_packed_linear_is_cpu_only_and_keeps_plain_weights_elsewhere():
+    from specli.engines.targets.layers import Linear
+
+    w = torch.randn(8, 16, device="cpu")
+    assert Linear(w, None).fast or not torch.backends.mkldnn.is_available()
+    other = Linear(w.to("meta"), None)  # any non-CPU device (meta here; CUDA on a GPU machine)
+    assert not other.fast and other.weight.device.type == "meta"
+    assert other(torch.randn(3, 16, device="meta")).shape == (3, 8)

@@ -25,7 +25,6 @@ DEV = torch.device(os.environ.get("SPECLI_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEV.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
 
 from conftest import EN_CLIPS, ES_CLIPS  # noqa: E402
-from specli.engines.drafters.base import DraftProposal  # noqa: E402
 from specli.engines.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead  # noqa: E402
 from specli.engines.drafters.model import ModelDrafter, ModelDraftOptions  # noqa: E402
 from specli.engines.drafters.ngram import NgramDrafter, NgramPool  # noqa: E402
@@ -34,8 +33,8 @@ from specli.engines.greedy import greedy_decode  # noqa: E402
 from specli.engines.logits import SamplingParams  # noqa: E402
 from specli.engines.speculative import SpecOptions, speculative_decode  # noqa: E402
 from specli.engines.verify import reference, verify  # noqa: E402
-from tiny_models import (EOT, NO_TS, SOT, NoisyTreeDrafter, RandomTreeDrafter, tiny_rules,  # noqa: E402
-                         tiny_target, window)
+from tiny_models import (EOT, NO_TS, SOT, NoisyTreeDrafter, RandomTreeDrafter, count_kernel_calls,  # noqa: E402
+                         random_verify_case, tiny_rules, tiny_target, window)
 
 BACKEND = "auto" if DEV.type == "cuda" else "triton"  # on CUDA, verify() must pick the kernels by itself
 SAMPLING = SamplingParams(temperature=0.9, top_k=20, top_p=0.92, repetition_penalty=1.3)
@@ -48,36 +47,19 @@ def _kernels():
 # ---------------------------------------------------------------- kernels on CUDA tensors
 
 
-def _case(g, chain: bool, with_q: bool, b: int, n: int, v: int):
-    parents = list(range(-1, n - 1)) if chain else [-1] + [int(torch.randint(-1, i, (1,), generator=g))
-                                                           for i in range(1, n)]
-    logits = torch.randn(b, n + 1, v, generator=g) * 3
-    q = (torch.randn(n, v, generator=g) * 3).softmax(-1) if with_q else None
-    if with_q:
-        tokens = torch.multinomial(q, 1, generator=g)[:, 0].tolist()
-    else:
-        tokens = [int(logits[0, p + 1].argmax()) if torch.rand(1, generator=g) < 0.6
-                  else int(torch.randint(0, v, (1,), generator=g)) for p in parents]
-    return logits, DraftProposal(tokens, parents, [1.0] * n, q)
-
-
 @pytest.mark.parametrize("greedy", [True, False])
 @pytest.mark.parametrize("chain", [True, False])
 @pytest.mark.parametrize("with_q", [True, False])
 @pytest.mark.parametrize("seed", range(8))
 def test_kernels_on_cuda_equal_the_reference(greedy, chain, with_q, seed, monkeypatch):
-    kern = _kernels()
-    calls = []
-    for name in ("greedy_chain", "greedy_tree", "sample_chain", "sample_tree"):
-        real = getattr(kern, name)
-        monkeypatch.setattr(kern, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k))
+    calls = count_kernel_calls(monkeypatch, _kernels())
     g = torch.Generator().manual_seed(1000 + seed)
     b, n, v = 4, int(torch.randint(1, 17, (1,), generator=g)), [51865, 1500, 6561, 48][seed % 4]
-    logits, proposal = _case(g, chain or n == 1, with_q, b, n, v)
+    logits, proposal = random_verify_case(g, chain or n == 1, with_q, b, n, v)
     ua, us = torch.rand(b, n, generator=g), torch.rand(b, n + 1, generator=g)
     ref = verify(logits, proposal, greedy, ua, us, backend="reference")
     got = verify(logits.to(DEV), proposal, greedy, ua.to(DEV), us.to(DEV), backend=BACKEND)
-    assert len(calls) == 1, "verify() on CUDA tensors did not use a Triton kernel"
+    assert sum(calls.values()) == 1, "verify() on CUDA tensors did not use a Triton kernel"
     assert all(t.device.type == DEV.type for t in got)
     for r, k in zip(ref, got):
         assert torch.equal(r, k.cpu())

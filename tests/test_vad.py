@@ -178,15 +178,22 @@ def test_spans_are_ordered_inside_the_audio_and_no_longer_than_the_maximum(
         assert out == []
 
 
-def test_probabilities_match_silero_own_onnx_wrapper():
-    """The same frames, context and state handling as silero's OnnxWrapper (which needs torch)."""
+def _silero_utils(name: str):
+    """``silero_vad.utils_vad.<name>``; the test is skipped when silero's Python module cannot be
+    imported (importing it sets torch's threads to 1: restored)."""
     threads = torch.get_num_threads()
     try:
-        from silero_vad.utils_vad import OnnxWrapper
-    except ImportError:
+        from silero_vad import utils_vad
+        return getattr(utils_vad, name)
+    except (ImportError, AttributeError):
         pytest.skip("silero_vad's Python module cannot be imported here")
     finally:
         torch.set_num_threads(threads)
+
+
+def test_probabilities_match_silero_own_onnx_wrapper():
+    """The same frames, context and state handling as silero's OnnxWrapper (which needs torch)."""
+    OnnxWrapper = _silero_utils("OnnxWrapper")  # noqa: N806
     audio = np.concatenate([noise(0.5), load_audio(CLIP)[: 3 * SAMPLE_RATE]])
     theirs = OnnxWrapper(str(load_vad().path), force_onnx_cpu=True)
     ref = [theirs(torch.from_numpy(audio[i : i + FRAME_SAMPLES].copy()), SAMPLE_RATE).item()
@@ -196,15 +203,8 @@ def test_probabilities_match_silero_own_onnx_wrapper():
 
 @pytest.fixture(scope="module")
 def silero_reference():
-    """Silero's own post-processing (importing silero_vad sets torch's threads to 1: restored)."""
-    threads = torch.get_num_threads()
-    try:
-        from silero_vad.utils_vad import get_speech_timestamps_from_probs
-    except ImportError:
-        pytest.skip("silero_vad's Python module cannot be imported here")
-    finally:
-        torch.set_num_threads(threads)
-    return get_speech_timestamps_from_probs
+    """Silero's own post-processing."""
+    return _silero_utils("get_speech_timestamps_from_probs")
 
 
 @settings(max_examples=150, deadline=None)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specli.engines.drafters.base import DraftProposal
 from specli.engines.drafters.model import ModelDrafter, ModelDraftOptions
 from specli.engines.logits import SamplingParams
 from specli.engines.speculative import SpecOptions, speculative_decode
 from specli.engines.tree import is_chain
 from specli.engines.verify import verify
-from tiny_models import EOT, NO_TS, SOT, NoisyTreeDrafter, RandomTreeDrafter, tiny_rules, tiny_target, window
+from tiny_models import (EOT, NO_TS, SOT, NoisyTreeDrafter, RandomTreeDrafter, count_kernel_calls, random_verify_case,
+                         tiny_rules, tiny_target, window)
 
 kernels = pytest.importorskip("specli.engines.verify.triton_kernels", reason="triton is not installed")
 
@@ -27,29 +27,7 @@ SAMPLING = SamplingParams(temperature=0.9, top_k=20, top_p=0.92, repetition_pena
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """Counts calls of each kernel wrapper (the real functions still run)."""
-    calls: dict[str, int] = {}
-    for name in ("greedy_chain", "greedy_tree", "sample_chain", "sample_tree"):
-        real = getattr(kernels, name)
-
-        def spy(*args, _real=real, _name=name, **kwargs):
-            calls[_name] = calls.get(_name, 0) + 1
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(kernels, name, spy)
-    return calls
-
-
-def _random_case(g: torch.Generator, chain: bool, with_q: bool, b: int, n: int, v: int):
-    parents = list(range(-1, n - 1)) if chain else [-1] + [int(torch.randint(-1, i, (1,), generator=g))
-                                                           for i in range(1, n)]
-    logits = torch.randn(b, n + 1, v, generator=g) * 3
-    q = (torch.randn(n, v, generator=g) * 3).softmax(-1) if with_q else None
-    if with_q:
-        tokens = torch.multinomial(q, 1, generator=g)[:, 0].tolist()
-    else:  # about half the nodes are the target's choice at their parent (long accepted paths)
-        tokens = [int(logits[0, p + 1].argmax()) if torch.rand(1, generator=g) < 0.6
-                  else int(torch.randint(0, v, (1,), generator=g)) for p in parents]
-    return logits, DraftProposal(tokens, parents, [1.0] * n, q)
+    return count_kernel_calls(monkeypatch, kernels)
 
 
 @pytest.mark.parametrize("greedy", [True, False])
@@ -59,7 +37,7 @@ def _random_case(g: torch.Generator, chain: bool, with_q: bool, b: int, n: int, 
 def test_verify_triton_backend_equals_reference(greedy, chain, with_q, seed, kernel_calls):
     g = torch.Generator().manual_seed(seed * 10 + 2 * chain + with_q)
     b, n, v = 3, int(torch.randint(1, 9, (1,), generator=g)), [50, 1100, 2600][seed % 3]
-    logits, proposal = _random_case(g, chain or n == 1, with_q, b, n, v)
+    logits, proposal = random_verify_case(g, chain or n == 1, with_q, b, n, v)
     ua, us = torch.rand(b, n, generator=g), torch.rand(b, n + 1, generator=g)
     ref = verify(logits, proposal, greedy, ua, us, backend="reference")
     got = verify(logits, proposal, greedy, ua, us, backend="triton")
@@ -71,14 +49,14 @@ def test_verify_triton_backend_equals_reference(greedy, chain, with_q, seed, ker
 
 def test_auto_backend_uses_the_reference_on_cpu_tensors(kernel_calls):
     g = torch.Generator().manual_seed(0)
-    logits, proposal = _random_case(g, False, True, 2, 5, 64)
+    logits, proposal = random_verify_case(g, False, True, 2, 5, 64)
     verify(logits, proposal, False, torch.rand(2, 5, generator=g), torch.rand(2, 6, generator=g))
     assert kernel_calls == {}
 
 
 def test_unknown_backends_are_refused():
     g = torch.Generator().manual_seed(0)
-    logits, proposal = _random_case(g, True, False, 1, 2, 10)
+    logits, proposal = random_verify_case(g, True, False, 1, 2, 10)
     with pytest.raises(ValueError, match="backend"):
         verify(logits, proposal, True, torch.zeros(1, 2), torch.zeros(1, 3), backend="cuda")
     with pytest.raises(ValueError, match="verify_backend"):
@@ -87,7 +65,7 @@ def test_unknown_backends_are_refused():
 
 def test_triton_backend_on_cpu_tensors_needs_the_interpreter(monkeypatch):
     g = torch.Generator().manual_seed(0)
-    logits, proposal = _random_case(g, True, False, 1, 2, 10)
+    logits, proposal = random_verify_case(g, True, False, 1, 2, 10)
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # read at dispatch: compiled kernels cannot take CPU tensors
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         verify(logits, proposal, True, torch.zeros(1, 2), torch.zeros(1, 3), backend="triton")

@@ -106,3 +106,35 @@ class NoisyTreeDrafter:
 
     def commit(self, tokens: list[int]) -> None:
         self.inner.commit(tokens)
+
+
+def random_verify_case(g: torch.Generator, chain: bool, with_q: bool, b: int, n: int, v: int
+                       ) -> tuple[torch.Tensor, DraftProposal]:
+    """Random target logits ``[b, n + 1, v]`` and an ``n``-node chain or tree proposal for ``verify()``:
+    drawn from random ``q`` rows (``with_q``), else point masses that are about 60 % the target's argmax
+    at their parent (long accepted paths)."""
+    parents = list(range(-1, n - 1)) if chain else [-1] + [int(torch.randint(-1, i, (1,), generator=g))
+                                                           for i in range(1, n)]
+    logits = torch.randn(b, n + 1, v, generator=g) * 3
+    q = (torch.randn(n, v, generator=g) * 3).softmax(-1) if with_q else None
+    if with_q:
+        tokens = torch.multinomial(q, 1, generator=g)[:, 0].tolist()
+    else:
+        tokens = [int(logits[0, p + 1].argmax()) if torch.rand(1, generator=g) < 0.6
+                  else int(torch.randint(0, v, (1,), generator=g)) for p in parents]
+    return logits, DraftProposal(tokens, parents, [1.0] * n, q)
+
+
+def count_kernel_calls(monkeypatch, kernels) -> dict[str, int]:
+    """Wraps each verify kernel of the ``kernels`` module so its calls are counted (the real kernels
+    still run); returns the live ``{kernel name: calls}`` dict."""
+    calls: dict[str, int] = {}
+    for name in ("greedy_chain", "greedy_tree", "sample_chain", "sample_tree"):
+        real = getattr(kernels, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(kernels, name, spy)
+    return calls

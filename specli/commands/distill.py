@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from specli.errors import SpecliError
+
+if TYPE_CHECKING:
+    from specli.distill.train import TrainSummary
 
 
 @click.group()
@@ -115,10 +120,16 @@ def train(data_dirs, preset_name, out, val_dir, epochs, steps, lr, batch, checkp
     opts = TrainOptions(epochs=epochs, steps=steps, lr=lr, batch=batch, checkpoint_every=checkpoint_every,
                         draft_vocab=draft_vocab, val_every=val_every)
     val = load_windows(val_dir) if val_dir else None
+    run_training(lambda progress: run_train([w for d in data_dirs for w in load_windows(d)], model, out, opts,
+                                            val, progress), quiet)
+
+
+def run_training(train_fn: Callable[[Callable[[str], None] | None], TrainSummary], quiet: bool) -> None:
+    """Run ``train_fn(progress)`` (progress lines on stderr unless ``quiet``; a ``ValueError`` of the data
+    or options is a :class:`SpecliError`) and print its summary on stderr."""
     progress = None if quiet else (lambda msg: click.echo(msg, err=True))
     try:
-        windows = [w for d in data_dirs for w in load_windows(d)]
-        summary = run_train(windows, model, out, opts, val, progress)
+        summary = train_fn(progress)
     except ValueError as exc:
         raise SpecliError(str(exc)) from exc
     acc = "-" if summary.val_acceptance is None else (

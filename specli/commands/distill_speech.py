@@ -69,6 +69,7 @@ def run_speech_data(inputs, texts, preset_name: str, out: Path, model: str | Non
 def run_speech_train(data_dirs, preset_name: str, out: Path | None, val_dir: Path | None, model: str | None,
                      quiet: bool, **train_kw) -> None:
     """Train a DSpark / DFlash / EAGLE-3 drafter on the shards of ``data_dirs``."""
+    from specli.commands.distill import run_training
     from specli.distill.data import load_windows
     from specli.distill.speech_data import read_speech_manifest
     from specli.distill.speech_train import SpeechTrainOptions, train_speech
@@ -92,12 +93,4 @@ def run_speech_train(data_dirs, preset_name: str, out: Path | None, val_dir: Pat
     if val_dir is not None:
         read_speech_manifest(val_dir)
         val = load_windows(val_dir)
-    progress = None if quiet else (lambda msg: click.echo(msg, err=True))
-    try:
-        summary = train_speech(records, loaded, out, opts, val, manifests[0], progress)
-    except ValueError as exc:
-        raise SpecliError(str(exc)) from exc
-    acc = "-" if summary.val_acceptance is None else (
-        f"{summary.val_acceptance:.3f} (best {summary.best_acceptance:.3f}, saved)")
-    click.echo(f"{summary.steps} step(s), loss {summary.last_loss:.4f}, validation acceptance {acc}, "
-               f"{summary.seconds_per_step:.2f} s/step -> {summary.head_dir}", err=True)
+    run_training(lambda progress: train_speech(records, loaded, out, opts, val, manifests[0], progress), quiet)

@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from specli.distill import losses
-from specli.distill.train import TrainSummary, _latest_checkpoint, learning_rate
+from specli.distill.train import (TrainSummary, _latest_checkpoint, checkpoint_position, epoch_batches, learning_rate,
+                                  write_checkpoint)
 from specli.engines.drafters.dflash import BlockDrafter, DFlashModule, new_dflash
 from specli.engines.drafters.dspark import DSparkModule, new_dspark
 from specli.engines.drafters.eagle import draft_vocabulary
@@ -260,17 +261,10 @@ def validate(module: SpeechDraftModule, model: CosyVoiceModel, records: list[dic
 
 def _save_checkpoint(ckpt_dir: Path, module: SpeechDraftModule, opt, step: int, epoch: int, batch_index: int,
                      best: float | None) -> None:
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    path = ckpt_dir / f"ckpt-{step:08d}.pt"
     cfg = asdict(module.config)
     cfg.pop("extra", None)
-    state = {"module": module.state_dict(), "config": json.dumps(cfg), "optim": opt.state_dict(), "step": step,
-             "epoch": epoch, "batch_index": batch_index, "best_val": -1.0 if best is None else best}
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
-    for old in sorted(ckpt_dir.glob("ckpt-*.pt"))[:-2]:  # keep the two latest
-        old.unlink()
+    write_checkpoint(ckpt_dir, step, epoch, batch_index, best, module=module.state_dict(), config=json.dumps(cfg),
+                     optim=opt.state_dict())
 
 
 def _resume(ckpt_dir: Path, model: CosyVoiceModel, records: list[dict], options: SpeechTrainOptions):
@@ -289,9 +283,7 @@ def _resume(ckpt_dir: Path, model: CosyVoiceModel, records: list[dict], options:
     if state is None:
         return module.train(), opt, (0, 0, 0), None
     opt.load_state_dict(state["optim"])
-    best = float(state.get("best_val", -1.0))
-    return module.train(), opt, (int(state["step"]), int(state["epoch"]), int(state["batch_index"])), (
-        None if best < 0 else best)
+    return module.train(), opt, *checkpoint_position(state)
 
 
 def _info(options: SpeechTrainOptions, step: int, loss: float, val: float | None, n: int, manifest: dict) -> dict:
@@ -332,18 +324,14 @@ def train_speech(
     for epoch in range(epoch0, options.epochs):
         if options.steps and step >= options.steps:
             break
-        order = torch.randperm(len(records), generator=torch.Generator().manual_seed(options.seed + epoch))
         stopped: int | None = None  # the batch the step budget stopped at
-        for bi, i in enumerate(range(0, len(order), options.batch)):
-            if epoch == epoch0 and bi < skip:
-                continue
+        for bi, idx in epoch_batches(len(records), options.batch, options.seed, epoch, skip if epoch == epoch0 else 0):
             if options.steps and step >= options.steps:  # step budget spent: resumable from here
                 stopped = bi
                 break
             t0 = time.perf_counter()
             gen = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
-            batch = make_batch([records[int(j)] for j in order[i : i + options.batch]], index, options.anchors,
-                               model.spec.eos, dev, gen)
+            batch = make_batch([records[j] for j in idx], index, options.anchors, model.spec.eos, dev, gen)
             loss_v, logs = _step(module, opt, batch, options, step)
             step += 1
             spent, taken = spent + time.perf_counter() - t0, taken + 1

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,16 +178,38 @@ def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _save_checkpoint(ckpt_dir: Path, head, opt, step: int, epoch: int, batch_index: int,
-                     best: float | None) -> None:
+def write_checkpoint(ckpt_dir: Path, step: int, epoch: int, batch_index: int, best: float | None, **parts) -> None:
+    """Write ``ckpt-<step>.pt`` atomically: ``parts`` (state dicts), the training position (``epoch`` and
+    the batches of it done) and the best validation so far; keep the two latest checkpoints."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     path = ckpt_dir / f"ckpt-{step:08d}.pt"
-    state = {"head": head.state_dict(), "optim": opt.state_dict(), "step": step, "epoch": epoch,
-             "batch_index": batch_index, "best_val": -1.0 if best is None else best}
-    torch.save(state, path.with_name(path.name + ".tmp"))
-    path.with_name(path.name + ".tmp").replace(path)
+    state = {**parts, "step": step, "epoch": epoch, "batch_index": batch_index,
+             "best_val": -1.0 if best is None else best}
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
     for old in sorted(ckpt_dir.glob("ckpt-*.pt"))[:-2]:  # keep the two latest
         old.unlink()
+
+
+def checkpoint_position(state: dict) -> tuple[tuple[int, int, int], float | None]:
+    """(step, epoch, batches of it done) and the best validation so far of a checkpoint's ``state``."""
+    best = float(state.get("best_val", -1.0))
+    return (int(state["step"]), int(state["epoch"]), int(state["batch_index"])), (None if best < 0 else best)
+
+
+def epoch_batches(n: int, batch: int, seed: int, epoch: int, skip: int = 0) -> Iterator[tuple[int, list[int]]]:
+    """``(batch index, item indices)`` of one epoch over ``n`` items in an order seeded by ``seed + epoch``;
+    the first ``skip`` batches (done before a resume) are left out."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+    for bi, i in enumerate(range(0, n, batch)):
+        if bi >= skip:
+            yield bi, [int(j) for j in order[i : i + batch]]
+
+
+def _save_checkpoint(ckpt_dir: Path, head, opt, step: int, epoch: int, batch_index: int,
+                     best: float | None) -> None:
+    write_checkpoint(ckpt_dir, step, epoch, batch_index, best, head=head.state_dict(), optim=opt.state_dict())
 
 
 def learning_rate(options: TrainOptions, step: int) -> float:
@@ -229,9 +251,7 @@ def _resume(ckpt_dir: Path, model: WhisperModel, windows: list[dict], options: T
     if state is None:
         return head.train(), opt, (0, 0, 0), None
     opt.load_state_dict(state["optim"])
-    best = float(state.get("best_val", -1.0))
-    position = (int(state["step"]), int(state["epoch"]), int(state["batch_index"]))
-    return head.train(), opt, position, (None if best < 0 else best)
+    return head.train(), opt, *checkpoint_position(state)
 
 
 def _training_info(opts: TrainOptions, step: int, loss: float, val: float | None, n_windows: int) -> dict:
@@ -256,19 +276,15 @@ def train(
     for epoch in range(epoch0, options.epochs):
         if options.steps and step >= options.steps:
             break
-        order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(options.seed + epoch))
         stopped = False
-        for bi, i in enumerate(range(0, len(order), options.batch)):
-            if epoch == epoch0 and bi < skip:
-                continue
+        for bi, idx in epoch_batches(len(windows), options.batch, options.seed, epoch, skip if epoch == epoch0 else 0):
             if options.steps and step >= options.steps:  # step budget spent: resumable from here
                 _save_checkpoint(ckpt_dir, head, opt, step, epoch, bi, best)
                 stopped = True
                 break
             gen = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
             t0 = time.perf_counter()
-            batch = make_batch([windows[int(j)] for j in order[i : i + options.batch]], options.unroll,
-                               options.max_starts, gen)
+            batch = make_batch([windows[j] for j in idx], options.unroll, options.max_starts, gen)
             for group in opt.param_groups:
                 group["lr"] = learning_rate(options, step)
             loss, per_step = unrolled_loss(head, batch, options.beta)

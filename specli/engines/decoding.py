@@ -124,7 +124,7 @@ def needs_fallback(ratio: float, avg_lp: float, no_speech_prob: float, options: 
         fallback = True  # too repetitive
     if options.logprob_threshold is not None and avg_lp < options.logprob_threshold:
         fallback = True  # average log-probability too low
-    if (options.no_speech_threshold is not None and no_speech_prob > options.no_speech_threshold
+    if (likely_silent(no_speech_prob, options)
             and options.logprob_threshold is not None and avg_lp < options.logprob_threshold):
         fallback = False  # silence
     return fallback

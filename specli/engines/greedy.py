@@ -35,13 +35,16 @@ def greedy_decode(
     logits = out.logits[0, -1:]  # [1, vocab]
     sampled: list[int] = []
     sum_logprob, finished = 0.0, False
+    where = generator.device if generator is not None else dev  # random numbers are drawn where the generator lives
     while len(sampled) < max_new_tokens:
         filtered = filter_logits(logits, [sampled], rules, sampling)
-        where = generator.device if generator is not None else dev  # drawn where the generator lives
         u = None if sampling.greedy else torch.rand(1, generator=generator, dtype=torch.float64,
                                                     device=where).float().to(dev)
-        token = int(choose(filtered, sampling, u)[0])
-        sum_logprob += float(torch.log_softmax(unit_temperature(filtered[0], sampling), -1)[token])
+        chosen = choose(filtered, sampling, u)  # [1]
+        logp = torch.log_softmax(unit_temperature(filtered[0], sampling), -1)  # [vocab]
+        tok, lp = torch.cat([chosen.double(), logp[chosen].double()]).tolist()  # one readback a step
+        token = int(tok)
+        sum_logprob += lp
         stats.tokens += 1
         if token == eot:
             finished = True

@@ -92,23 +92,30 @@ def speculative_decode(
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += time.perf_counter() - t1
         stats.drafted += len(proposal)
-        used = 0  # emitted tokens actually committed (output may stop at eot or the length limit)
-        for tok, lp in zip(emitted, logprobs):
-            used += 1
-            sum_logprob += lp
-            stats.tokens += 1
-            if tok == eot:
-                finished = True
-                break
-            tokens.append(tok)
-            if len(tokens) - plen == max_new_tokens:
-                break
+        used, sum_logprob, finished = _commit(tokens, emitted, logprobs, sum_logprob, plen, eot, max_new_tokens)
+        stats.tokens += used
         stats.record_step(max(depths(proposal.parents), default=0), used - 1)
         t2 = time.perf_counter()
         drafter.commit(tokens)
         stats.draft_seconds += time.perf_counter() - t2
     stats.decode_seconds = time.perf_counter() - t_start
     return DecodeResult(tokens[plen:], sum_logprob, no_speech_prob, finished, stats)
+
+
+def _commit(tokens: list[int], emitted: list[int], logprobs: list[float], sum_logprob: float, plen: int, eot: int,
+            max_new_tokens: int) -> tuple[int, float, bool]:
+    """Append a step's emitted tokens to ``tokens`` until eot or the length limit: how many were used
+    (eot included), the running sum of log-probabilities, and whether eot was reached."""
+    used = 0
+    for tok, lp in zip(emitted, logprobs):
+        used += 1
+        sum_logprob += lp
+        if tok == eot:
+            return used, sum_logprob, True
+        tokens.append(tok)
+        if len(tokens) - plen == max_new_tokens:
+            break
+    return used, sum_logprob, False
 
 
 def _verify_step(target, state, tokens, plen, proposal: DraftProposal, filt, options, gen):

@@ -18,12 +18,13 @@ import numpy as np
 import torch
 
 from specli.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, window_features
+from specli.engines.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, Word, add_word_timestamps, word_seek
 from specli.engines.decoding import (AR, DecodeMethod, DecodingOptions, WindowDecode, decode_with_fallback,
                                      should_skip, suppress_ids)
-from specli.engines.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, Word, add_word_timestamps, word_seek
 from specli.engines.language import detect_language
 from specli.engines.segments import completed_length, find_loop, split_window, trim_repetition
 from specli.engines.targets.loader import WhisperModel
+from specli.engines.targets.whisper import DecoderState
 from specli.engines.targets.whisper_rules import WhisperLogitRules
 from specli.engines.types import DecodeStats, TargetState, accumulate
 
@@ -173,11 +174,7 @@ def transcribe_stream(
         window_frames = min(N_FRAMES, len(audio) // HOP_LENGTH)
         if window_frames == 0:
             break
-        t0 = time.perf_counter()
-        mel = window_features(audio, model.target.dims.n_mels)
-        state = target.start(target.encode(mel), features=mel)
-        stats.encode_seconds += time.perf_counter() - t0
-        stats.windows += 1
+        state = _encode_window(model, audio, stats)
         if sp.multilingual and language is None:
             probs = detect_language(target, state, sp)
             language, lang_prob = next(iter(probs.items()))
@@ -208,6 +205,16 @@ def transcribe_stream(
             on_window(seek * HOP_LENGTH / SAMPLE_RATE)
     stats.audio_seconds = (reader.total or seek * HOP_LENGTH) / SAMPLE_RATE
     return FileResult(language, lang_prob, segments, stats)
+
+
+def _encode_window(model: WhisperModel, audio: np.ndarray, stats: FileStats) -> DecoderState:
+    """The decoder state of one window (log-mel, encoder once), its cost counted in ``stats``."""
+    t0 = time.perf_counter()
+    mel = window_features(audio, model.target.dims.n_mels)
+    state = model.target.start(model.target.encode(mel), features=mel)
+    stats.encode_seconds += time.perf_counter() - t0
+    stats.windows += 1
+    return state
 
 
 def _encode_text(model: WhisperModel, text: str | None) -> list[int]:

@@ -83,6 +83,7 @@ class ModelDraftOptions:
         if self.tree_topk < 0:
             raise ValueError("tree_topk must be >= 0")
 
+
 def draft_chain(request: DraftRequest, budget: int, logits: torch.Tensor, advance: Callable[[int], torch.Tensor],
                 options: ModelDraftOptions) -> DraftProposal:
     """The drafting loop shared by model drafters: from the drafter's ``logits [vocab]`` after the

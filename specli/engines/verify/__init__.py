@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -20,16 +20,7 @@ from specli.engines.tree import is_chain
 from specli.engines.verify import reference
 
 Backend = Literal["auto", "reference", "triton"]
-BACKENDS: tuple[str, ...] = ("auto", "reference", "triton")
-
-
-def triton_available() -> bool:
-    """Whether the Triton kernels can be imported (Triton installed)."""
-    try:
-        from specli.engines.verify import triton_kernels  # noqa: F401
-    except ImportError:
-        return False
-    return True
+BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 def _interpreting() -> bool:

@@ -153,21 +153,26 @@ def test_dspark_training_lowers_the_loss_and_raises_acceptance(target, data, tmp
     assert acc > base + 0.5, f"acceptance untrained {base:.3f}, trained {acc:.3f}"
 
 
-@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
-def test_dflash_and_eagle3_training_lowers_the_loss(target, data, tmp_path, kind):
+# measured (benchmarks/speech_drafter_acceptance.py, 12 epochs): dflash tau 1.18 -> 1.31, eagle3 1.00 -> 1.41
+@pytest.mark.parametrize(("kind", "gain"), [("dflash", 0.05), ("eagle3", 0.2)])
+def test_dflash_and_eagle3_training_lowers_the_loss_and_raises_acceptance(target, data, tmp_path, kind, gain):
     _, model = target
-    train_dir, _ = data
-    records, man = load_windows(train_dir), read_speech_manifest(train_dir)
-    opts = SpeechTrainOptions(kind, epochs=3, lr=1e-2, layers=2, **FAST)
+    train_dir, val_dir = data
+    records, man, val = load_windows(train_dir), read_speech_manifest(train_dir), load_windows(val_dir)
+    opts = SpeechTrainOptions(kind, epochs=12, lr=1e-2, layers=2, val_every=12, **FAST)
     fresh = new_module(kind, model, records, opts)
     assert fresh.config.block_size == (4 if kind == "dflash" else 7)
-    summary = train_speech(records, model, tmp_path / kind, opts, None, man)
+    sampler = SamplerOptions(**man["sampler"])
+    base = validate(fresh, model, val, sampler).acceptance_length
+    summary = train_speech(records, model, tmp_path / kind, opts, val, man)
     trained = load_speech_drafter(tmp_path / kind, model.lm)
     batch = make_batch(records[:4], layer_index(man["aux_layers"], fresh), 16, EOS, torch.device("cpu"),
                        torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert float(batch_loss(trained, batch, opts)[0]) < 0.8 * float(batch_loss(fresh, batch, opts)[0])
-    assert summary.steps == 9
+    assert summary.steps == 36
+    acc = validate(trained, model, val, sampler).acceptance_length
+    assert acc > base + gain, f"acceptance untrained {base:.3f}, trained {acc:.3f}"
 
 
 class _Cut(Exception):

@@ -353,10 +353,10 @@ def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=8)
-def _mel_filters_np(n_mels: int) -> np.ndarray:
-    """Read-only Slaney-normalised mel filterbank ``[n_mels, N_FFT // 2 + 1]`` (float32)."""
-    fft_freqs = np.linspace(0.0, SAMPLE_RATE / 2, N_FFT // 2 + 1)
-    mel_points = np.linspace(_hz_to_mel(np.array(0.0)), _hz_to_mel(np.array(8000.0)), n_mels + 2)
+def _slaney_filters_np(sample_rate: int, n_fft: int, n_mels: int, fmin: float, fmax: float) -> np.ndarray:
+    """Read-only Slaney-normalised mel filterbank ``[n_mels, n_fft // 2 + 1]`` (float32), ``fmin``-``fmax`` Hz."""
+    fft_freqs = np.linspace(0.0, sample_rate / 2, n_fft // 2 + 1)
+    mel_points = np.linspace(_hz_to_mel(np.array(fmin)), _hz_to_mel(np.array(fmax)), n_mels + 2)
     hz_points = _mel_to_hz(mel_points)
     widths = np.diff(hz_points)
     ramps = hz_points[:, None] - fft_freqs[None, :]
@@ -373,7 +373,7 @@ def mel_filters(n_mels: int = 80, device: torch.device | str | None = None) -> t
     """Whisper's mel filterbank ``[n_mels, 201]`` (slaney scale and norm, 0-8 kHz), a fresh tensor."""
     if not isinstance(n_mels, int) or n_mels < 1:
         raise ValueError(f"n_mels must be a positive int, got {n_mels!r}")
-    return torch.tensor(_mel_filters_np(n_mels), device=device)
+    return torch.tensor(_slaney_filters_np(SAMPLE_RATE, N_FFT, n_mels, 0.0, 8000.0), device=device)
 
 
 def _as_float_tensor(audio: torch.Tensor | np.ndarray) -> torch.Tensor:

@@ -159,9 +159,13 @@ def run_batch(
             continue
         record = result_record(result, str(item.path))
         texts = {out: render(result, fmt, str(item.path), subtitles) for fmt, out in zip(formats, outs)}
-        write_sidecar(sidecar_path(item.output_base), settings, texts, record)  # first: see specli.resume
-        for out, text in texts.items():
-            write_atomic(out, text)
+        try:
+            write_sidecar(sidecar_path(item.output_base), settings, texts, record)  # first: see specli.resume
+            for out, text in texts.items():
+                write_atomic(out, text)
+        except OSError as exc:  # an unwritable output: this file fails, the batch goes on
+            yield Outcome(item.path, error=f"{item.path}: cannot write {exc.filename or 'output'}: {exc.strerror or exc}")
+            continue
         yield Outcome(item.path, result=result, outputs=tuple(outs), record=record)
 
 

@@ -27,7 +27,7 @@ from specli.engines.sampling import request_generator
 from specli.engines.synthesis import SynthesisInputError, SynthesisRequest, SynthesisResult, Synthesizer
 from specli.engines.targets.cosyvoice_text import CV3_DEFAULT_PROMPT, ENDOFPROMPT
 from specli.errors import AudioError, UsageError
-from specli.speech_batch import SpeechItem, result_record
+from specli.speech_batch import SpeechItem, result_record, run_items
 
 __all__ = ["AudioOptions", "AudioOutcome", "Voice", "audio_path", "audio_record", "prepare_voice",
            "run_audio_synthesis"]
@@ -141,23 +141,14 @@ def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[Sp
                         on_outcome: Callable[[AudioOutcome], None] | None = None) -> list[AudioOutcome]:
     """Synthesize every good item whose audio file is missing (or all with ``overwrite``)."""
     voice = voice or Voice(VoicePrompt.none())
-    outcomes, cache = [], {}
-    for it in items:
-        if it.request is None:
-            out = AudioOutcome(it.where, "", error=it.error)
-        elif not overwrite and audio_path(output_dir, it.request.id, options.format).is_file():
-            out = AudioOutcome(it.where, it.request.id, skipped=True)
-        else:
-            try:
-                line_voice, request = _line_voice(vocalizer, it, voice, cache)
-                out = _render_one(synth, vocalizer, request, it.where, output_dir, options, line_voice)
-            except (SynthesisInputError, RenderError, AudioError, UsageError) as exc:
-                out = AudioOutcome(it.where, it.request.id, error=str(exc))
-        outcomes.append(out)
-        if on_outcome is not None:
-            on_outcome(out)
-    synth.finish()
-    return outcomes
+    cache: dict[tuple[str, str], Voice] = {}
+
+    def produce(it: SpeechItem) -> AudioOutcome:
+        line_voice, request = _line_voice(vocalizer, it, voice, cache)
+        return _render_one(synth, vocalizer, request, it.where, output_dir, options, line_voice)
+
+    return run_items(synth, items, lambda rid: audio_path(output_dir, rid, options.format).is_file(), overwrite,
+                     AudioOutcome, produce, (SynthesisInputError, RenderError, AudioError, UsageError), on_outcome)
 
 
 def audio_record(outcome: AudioOutcome) -> dict:

@@ -6,16 +6,18 @@ number and the batch goes on.
 from __future__ import annotations
 
 import json
-import os
 import re
-import secrets
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from specli.engines.synthesis import SynthesisInputError, SynthesisRequest, SynthesisResult, Synthesizer
+from specli.writers import write_atomic_with
+
+O = TypeVar("O")  # an outcome record (SpeechOutcome, or speech_audio.AudioOutcome)
 
 
 @dataclass(frozen=True)
@@ -118,43 +120,46 @@ def tokens_path(output_dir: Path, rid: str) -> Path:
 
 def write_tokens_atomic(path: Path, tokens: list[int]) -> None:
     """``tokens`` as an int32 ``.npy``, through a hidden temporary file and a rename (as ``write_atomic``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-    try:
-        with open(tmp, "xb") as fh:
-            np.save(fh, np.asarray(tokens, dtype=np.int32))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic_with(path, lambda fh: np.save(fh, np.asarray(tokens, dtype=np.int32)))
 
 
-def run_synthesis(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, overwrite: bool = False,
-                  on_outcome: Callable[[SpeechOutcome], None] | None = None) -> list[SpeechOutcome]:
-    """Synthesize every good item whose ``<id>.npy`` is missing (or all with ``overwrite``)."""
+def run_items(synth: Synthesizer, items: list[SpeechItem], done: Callable[[str], bool], overwrite: bool,
+              outcome: Callable[..., O], produce: Callable[[SpeechItem], O], errors: tuple[type[Exception], ...],
+              on_outcome: Callable[[O], None] | None = None) -> list[O]:
+    """The batch loop: a bad line gives an error ``outcome``, a request whose output is ``done`` (by id) is
+    skipped unless ``overwrite``, any other is ``produce``d (``errors`` it raises become error outcomes)."""
     outcomes = []
     for it in items:
         if it.request is None:
-            out = SpeechOutcome(it.where, "", error=it.error)
-        elif not overwrite and tokens_path(output_dir, it.request.id).is_file():
-            out = SpeechOutcome(it.where, it.request.id, skipped=True)
-        elif it.prompt_wav and not it.request.prompt_tokens:
-            out = SpeechOutcome(it.where, it.request.id, error="prompt_wav needs the speech-tokenizer frontend: "
-                                "give --format wav or flac, or prompt_tokens (speech token ids of the prompt)")
+            out = outcome(it.where, "", error=it.error)
+        elif not overwrite and done(it.request.id):
+            out = outcome(it.where, it.request.id, skipped=True)
         else:
             try:
-                res = synth.synthesize(it.request)
-                write_tokens_atomic(tokens_path(output_dir, it.request.id), res.tokens)
-                out = SpeechOutcome(it.where, it.request.id, res)
-            except SynthesisInputError as exc:
-                out = SpeechOutcome(it.where, it.request.id, error=str(exc))
+                out = produce(it)
+            except errors as exc:
+                out = outcome(it.where, it.request.id, error=str(exc))
         outcomes.append(out)
         if on_outcome is not None:
             on_outcome(out)
     synth.finish()
     return outcomes
+
+
+def run_synthesis(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, overwrite: bool = False,
+                  on_outcome: Callable[[SpeechOutcome], None] | None = None) -> list[SpeechOutcome]:
+    """Synthesize every good item whose ``<id>.npy`` is missing (or all with ``overwrite``)."""
+
+    def produce(it: SpeechItem) -> SpeechOutcome:
+        if it.prompt_wav and not it.request.prompt_tokens:
+            return SpeechOutcome(it.where, it.request.id, error="prompt_wav needs the speech-tokenizer frontend: "
+                                 "give --format wav or flac, or prompt_tokens (speech token ids of the prompt)")
+        res = synth.synthesize(it.request)
+        write_tokens_atomic(tokens_path(output_dir, it.request.id), res.tokens)
+        return SpeechOutcome(it.where, it.request.id, res)
+
+    return run_items(synth, items, lambda rid: tokens_path(output_dir, rid).is_file(), overwrite, SpeechOutcome,
+                     produce, (SynthesisInputError,), on_outcome)
 
 
 def result_record(result: SynthesisResult) -> dict:

@@ -14,11 +14,8 @@ from pathlib import Path
 
 import torch
 
-TINY = {"dim": 32, "depth": 2, "heads": 2, "dim_head": 16, "ff_mult": 2, "lookahead": 24, "chunk": 8}
-
-TINY_FLOW_YAML = """\
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
-    input_size: 80
+# the flow's settings after ``input_size:``, the same in the CosyVoice2 and CosyVoice3 yaml
+FLOW_HEAD_YAML = """\
     output_size: 80
     spk_embed_dim: !ref <spk_embed_dim>
     output_type: 'mel'
@@ -27,10 +24,10 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
     only_mask_loss: True
     token_mel_ratio: !ref <token_mel_ratio>
     pre_lookahead_len: 3
-    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
-        in_channels: 80
-        channels: {lookahead}
-        pre_lookahead_len: 3
+"""
+
+# the flow's ``decoder:`` head (the CFM settings), the same in the CosyVoice2 and CosyVoice3 yaml
+CFM_DECODER_YAML = """\
     decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
         in_channels: 240
         n_spks: 1
@@ -43,7 +40,18 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
                 training_cfg_rate: 0.2
                 inference_cfg_rate: 0.7
                 reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.DiT.dit.DiT
+"""
+
+TINY = {"dim": 32, "depth": 2, "heads": 2, "dim_head": 16, "ff_mult": 2, "lookahead": 24, "chunk": 8}
+
+TINY_FLOW_YAML = """\
+flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
+    input_size: 80
+{flow_head}    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
+        in_channels: 80
+        channels: {lookahead}
+        pre_lookahead_len: 3
+{cfm_decoder}        estimator: !new:cosyvoice.flow.DiT.dit.DiT
             dim: {dim}
             depth: {depth}
             heads: {heads}
@@ -55,7 +63,7 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
             out_channels: 80
             static_chunk_size: {chunk}
             num_decoding_left_chunks: -1
-""".format(**TINY)
+""".format(**TINY, flow_head=FLOW_HEAD_YAML, cfm_decoder=CFM_DECODER_YAML)
 
 
 def flow_shapes(dim: int, depth: int, heads: int, dim_head: int, ff_mult: int, lookahead: int,
@@ -110,10 +118,10 @@ def official_flow_state(seed: int = 0, sizes: dict[str, int] | None = None) -> d
     return state
 
 
-TINY_HIFT_YAML = """\
-hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
+_HIFT_YAML = """\
+hift: !new:cosyvoice.hifigan.generator.{cls}
     in_channels: 80
-    base_channels: 16
+    base_channels: {base}
     nb_harmonics: 8
     sampling_rate: !ref <sample_rate>
     nsf_alpha: 0.1
@@ -130,12 +138,23 @@ hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
     source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
     lrelu_slope: 0.1
     audio_limit: 0.99
-    conv_pre_look_right: 4
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor
+{extra}    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.{f0}
         num_class: 1
         in_channels: 80
-        cond_channels: 8
+        cond_channels: {cond}
 """
+
+
+def hift_yaml(kind: str, base_channels: int, cond_channels: int) -> str:
+    """A yaml ``hift:`` entry of ``kind`` in the published files' shape, with these channel counts."""
+    if kind == "cosyvoice3":
+        return _HIFT_YAML.format(cls="CausalHiFTGenerator", f0="CausalConvRNNF0Predictor", base=base_channels,
+                                 cond=cond_channels, extra="    conv_pre_look_right: 4\n")
+    return _HIFT_YAML.format(cls="HiFTGenerator", f0="ConvRNNF0Predictor", base=base_channels, cond=cond_channels,
+                             extra="")
+
+
+TINY_HIFT_YAML = hift_yaml("cosyvoice3", 16, 8)
 
 
 def write_flow(path: Path, seed: int = 0) -> Path:
@@ -147,9 +166,7 @@ def use_tiny_flow_yaml(model_dir: Path, kind: str = "cosyvoice3") -> Path:
     """Replace the ``flow:`` entry of ``model_dir``'s yaml by the tiny one of ``kind`` and add a tiny ``hift:``."""
     yaml_path = model_dir / f"{kind}.yaml"
     cv3 = kind == "cosyvoice3"
-    hift = TINY_HIFT_YAML if cv3 else TINY_HIFT_YAML.replace("CausalHiFTGenerator", "HiFTGenerator").replace(
-        "CausalConvRNNF0Predictor", "ConvRNNF0Predictor").replace("    conv_pre_look_right: 4\n", "")
-    block = (TINY_FLOW_YAML if cv3 else TINY_CV2_FLOW_YAML) + "\n" + hift
+    block = (TINY_FLOW_YAML if cv3 else TINY_CV2_FLOW_YAML) + "\n" + hift_yaml(kind, 16, 8)
     text = re.sub(r"^flow: .*?(?=^\S)", lambda _: block, yaml_path.read_text(), flags=re.S | re.M)
     yaml_path.write_text(text)
     return yaml_path
@@ -176,15 +193,7 @@ TINY_CV2 = {"d": 32, "heads": 2, "units": 48, "blocks": 2, "chunk": 4, "c": 16, 
 TINY_CV2_FLOW_YAML = """\
 flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
     input_size: {d}
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: 6561
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
-    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+{flow_head}    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
         output_size: {d}
         attention_heads: {heads}
         linear_units: {units}
@@ -200,19 +209,7 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
         use_cnn_module: False
         macaron_style: False
         static_chunk_size: {chunk}
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+{cfm_decoder}        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: 320
             out_channels: 80
             channels: [{c}]
@@ -224,7 +221,7 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
             act_fn: 'gelu'
             static_chunk_size: {unet_chunk}
             num_decoding_left_chunks: -1
-""".format(**TINY_CV2)
+""".format(**TINY_CV2, flow_head=FLOW_HEAD_YAML, cfm_decoder=CFM_DECODER_YAML)
 
 
 Shapes = dict[str, tuple[int, ...]]

@@ -397,3 +397,26 @@ def test_resumed_jsonl_run_prints_every_record_as_a_subprocess(tmp_path):
     assert again.exit_code == 0, again.stderr
     assert SUMMARY.match(again.stderr.strip().splitlines()[-1]).groups()[:3] == ("0", "0", "2"), again.stderr
     assert records(again.stdout) == recs  # every record, read back from disk
+
+
+def test_unusable_output_directory_is_a_usage_error_before_loading(tmp_path, no_model_load):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    res = CliRunner().invoke(main, ["transcribe", str(SHORT[0]), *TINY, "-o", str(blocker / "out")])
+    assert res.exit_code == 2, res.output
+    assert "cannot create the output directory" in res.output and "Not a directory" in res.output
+
+
+def test_an_unwritable_output_fails_that_file_and_the_batch_goes_on(tmp_path):
+    src = tmp_path / "in"
+    copy_clips(src / "sub", SHORT[:1])
+    copy_clips(src, SHORT[1:2])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sub").write_text("a file where the mirrored folder would go")
+    res = CliRunner().invoke(main, ["transcribe", str(src), *TINY, "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    failed = [line for line in res.output.splitlines() if line.startswith("failed:")]
+    assert len(failed) == 1 and "cannot write" in failed[0] and "sub" in failed[0], res.output
+    assert visible(out) == [f"{SHORT[1].stem}-0.txt", "sub"]
+    assert "files: 1 ok, 1 failed, 0 skipped" in res.output

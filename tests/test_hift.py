@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from acoustic_fixtures import official_hift_state, tiny_hift_config, write_hift
+from flow_fixtures import hift_yaml
 from torch import nn
 
 from specli.acoustic.checkpoint import fold_weight_norm
@@ -151,37 +152,9 @@ def test_cv3_sine_source_phase_is_per_frame() -> None:
 
 
 def test_config_from_official_yaml(tmp_path: Path) -> None:
-    text = """
-sample_rate: 24000
-hift: !new:cosyvoice.hifigan.generator.{cls}
-    in_channels: 80
-    base_channels: 512
-    nb_harmonics: 8
-    sampling_rate: !ref <sample_rate>
-    nsf_alpha: 0.1
-    nsf_sigma: 0.003
-    nsf_voiced_threshold: 10
-    upsample_rates: [8, 5, 3]
-    upsample_kernel_sizes: [16, 11, 7]
-    istft_params:
-        n_fft: 16
-        hop_len: 4
-    resblock_kernel_sizes: [3, 7, 11]
-    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    source_resblock_kernel_sizes: [7, 7, 11]
-    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    lrelu_slope: 0.1
-    audio_limit: 0.99
-{extra}    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.{f0}
-        num_class: 1
-        in_channels: 80
-        cond_channels: 512
-"""
-    for kind, cls, f0, extra in (("cosyvoice2", "HiFTGenerator", "ConvRNNF0Predictor", ""),
-                                 ("cosyvoice3", "CausalHiFTGenerator", "CausalConvRNNF0Predictor",
-                                  "    conv_pre_look_right: 4\n")):
+    for kind in ("cosyvoice2", "cosyvoice3"):
         path = tmp_path / f"{kind}.yaml"
-        path.write_text(text.format(cls=cls, f0=f0, extra=extra))
+        path.write_text("\nsample_rate: 24000\n" + hift_yaml(kind, 512, 512))
         cfg = HiFTConfig.from_yaml_node(read_hyperpyyaml(path)["hift"])
         assert cfg == HiFTConfig.for_kind(kind)  # type: ignore[arg-type]
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specli.audio import _hz_to_mel, _mel_to_hz, log_mel_spectrogram
+from specli.audio import _slaney_filters_np, log_mel_spectrogram
 
 __all__ = [
     "FBANK_BINS",
@@ -128,29 +128,13 @@ def whisper_log_mel(waveform_16k: torch.Tensor | np.ndarray, n_mels: int = 128) 
     return log_mel_spectrogram(_as_mono(waveform_16k), n_mels=n_mels).unsqueeze(0)
 
 
-@functools.lru_cache(maxsize=8)
-def _slaney_cached(sample_rate: int, n_fft: int, n_mels: int, fmin: float, fmax: float) -> np.ndarray:
-    fft_freqs = np.linspace(0.0, sample_rate / 2, n_fft // 2 + 1)
-    mel_points = np.linspace(_hz_to_mel(np.array(fmin)), _hz_to_mel(np.array(fmax)), n_mels + 2)
-    hz_points = _mel_to_hz(mel_points)
-    widths = np.diff(hz_points)
-    ramps = hz_points[:, None] - fft_freqs[None, :]
-    lower = -ramps[:-2] / widths[:-1, None]
-    upper = ramps[2:] / widths[1:, None]
-    weights = np.maximum(0.0, np.minimum(lower, upper))
-    weights *= (2.0 / (hz_points[2:] - hz_points[:-2]))[:, None]
-    weights = weights.astype(np.float32)
-    weights.setflags(write=False)
-    return weights
-
-
 def slaney_mel_filters(sample_rate: int, n_fft: int, n_mels: int, fmin: float = 0.0,
                        fmax: float | None = None) -> torch.Tensor:
     """librosa's default mel filterbank ``[n_mels, n_fft // 2 + 1]`` (slaney scale and area norm)."""
     top = sample_rate / 2 if fmax is None else float(fmax)
     if not 0.0 <= fmin < top <= sample_rate / 2:
         raise ValueError(f"need 0 <= fmin < fmax <= {sample_rate / 2}, got {fmin}, {top}")
-    return torch.from_numpy(_slaney_cached(sample_rate, n_fft, n_mels, float(fmin), top).copy())
+    return torch.from_numpy(_slaney_filters_np(sample_rate, n_fft, n_mels, float(fmin), top).copy())
 
 
 def prompt_mel(

@@ -30,9 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specli.acoustic.cfm import CFMSettings, attention_mask, chunk_attention_mask, solve_cfm, timestep_sinusoid, \
-    yaml_args
-from specli.acoustic.flow_cv3 import PreLookahead
+from specli.acoustic.cfm import CFMSettings, attention_mask, chunk_attention_mask, timestep_sinusoid, yaml_args
+from specli.acoustic.flow_cv3 import PreLookahead, TokenFlow
 
 __all__ = ["EncoderConfig", "FlowCV2", "FlowCV2Config", "UNetConfig"]
 
@@ -383,7 +382,7 @@ class _Decoder(nn.Module):
         self.estimator = UNetEstimator(cfg)
 
 
-class FlowCV2(nn.Module):
+class FlowCV2(TokenFlow):
     """``CausalMaskedDiffWithXvec`` for inference; see the module docstring."""
 
     kind = "cosyvoice2"
@@ -397,33 +396,6 @@ class FlowCV2(nn.Module):
         self.encoder_proj = nn.Linear(cfg.encoder.output_size, cfg.output_size)
         self.decoder = _Decoder(cfg.unet)
 
-    @property
-    def token_mel_ratio(self) -> int:
-        return self.cfg.token_mel_ratio
-
-    @torch.inference_mode()
-    def inference(self, tokens: torch.Tensor, prompt_tokens: torch.Tensor, prompt_mel: torch.Tensor,
-                  embedding: torch.Tensor, streaming: bool = False, finalize: bool = True) -> torch.Tensor:
-        """Mel ``[1, 80, 2 N]`` (``N`` tokens; ``N - 3`` with ``finalize=False``) after the prompt.
-
-        ``tokens [1, N]``, ``prompt_tokens [1, P]`` int, ``prompt_mel [1, 2P, 80]`` (may be empty),
-        ``embedding [1, 192]`` (zeros: no speaker).
-        """
-        cfg, param = self.cfg, self.spk_embed_affine_layer.weight
-        device, dtype = param.device, param.dtype
-        spks = self.spk_embed_affine_layer(F.normalize(embedding.to(device, dtype), dim=1))
-        ids = torch.cat([prompt_tokens.to(device).long(), tokens.to(device).long()], dim=1)
-        emb = self.input_embedding(ids.clamp(min=0))  # [1, P + N, 512]
-        if finalize:
-            h = self.encoder(emb, None, streaming)
-        else:
-            look = cfg.pre_lookahead_len
-            h = self.encoder(emb[:, :-look], emb[:, -look:], streaming)
-        mu = self.encoder_proj(h)  # [1, T, 80]
-        prompt_frames, frames = prompt_mel.shape[1], mu.shape[1]
-        cond = mu.new_zeros(1, frames, cfg.output_size)
-        cond[:, :prompt_frames] = prompt_mel.to(device, dtype)
-        mask = mu.new_ones(1, 1, frames)
-        mel = solve_cfm(self.decoder.estimator, mu.transpose(1, 2).contiguous(), mask, spks,
-                        cond.transpose(1, 2).contiguous(), cfg.cfm, streaming=streaming)
-        return mel[:, :, prompt_frames:]
+    def encode_tokens(self, emb: torch.Tensor, context: torch.Tensor | None, streaming: bool) -> torch.Tensor:
+        # emb [1, N, 512], context [1, lookahead, 512] | None -> [1, 2N, 80]
+        return self.encoder_proj(self.encoder(emb, context, streaming))

@@ -34,7 +34,7 @@ from torch import nn
 
 from specli.acoustic.cfm import CFMSettings, attention_mask, solve_cfm, timestep_sinusoid, yaml_args
 
-__all__ = ["DiTConfig", "FlowCV3", "FlowCV3Config", "PreLookahead"]
+__all__ = ["DiTConfig", "FlowCV3", "FlowCV3Config", "PreLookahead", "TokenFlow"]
 
 
 @dataclass(frozen=True)
@@ -297,22 +297,22 @@ class _Decoder(nn.Module):
         self.estimator = DiT(cfg)
 
 
-class FlowCV3(nn.Module):
-    """``CausalMaskedDiffWithDiT`` for inference; see the module docstring."""
+class TokenFlow(nn.Module):
+    """The inference both flows share: token embedding, speaker projection and the prompt-conditioned CFM solve.
 
-    kind = "cosyvoice3"
+    A subclass sets ``cfg`` (``pre_lookahead_len``, ``token_mel_ratio``, ``output_size``, ``cfm``), the layers
+    ``input_embedding``, ``spk_embed_affine_layer`` and ``decoder.estimator``, and defines :meth:`encode_tokens`.
+    """
 
-    def __init__(self, cfg: FlowCV3Config) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
-        self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
-        self.pre_lookahead_layer = PreLookahead(cfg.input_size, cfg.lookahead_channels, cfg.pre_lookahead_len)
-        self.decoder = _Decoder(cfg.dit)
+    cfg: Any
 
     @property
     def token_mel_ratio(self) -> int:
         return self.cfg.token_mel_ratio
+
+    def encode_tokens(self, emb: torch.Tensor, context: torch.Tensor | None, streaming: bool) -> torch.Tensor:
+        """``emb [1, N, C]`` (``context [1, lookahead, C]``: real future tokens, or None) -> ``mu [1, T, 80]``."""
+        raise NotImplementedError(f"{type(self).__name__} must define encode_tokens")
 
     @torch.inference_mode()
     def inference(self, tokens: torch.Tensor, prompt_tokens: torch.Tensor, prompt_mel: torch.Tensor,
@@ -328,17 +328,32 @@ class FlowCV3(nn.Module):
         ids = torch.cat([prompt_tokens.to(device).long(), tokens.to(device).long()], dim=1)
         emb = self.input_embedding(ids.clamp(min=0))  # [1, P + N, C]
         if finalize:
-            h = self.pre_lookahead_layer(emb)
+            mu = self.encode_tokens(emb, None, streaming)
         else:
             look = cfg.pre_lookahead_len
-            h = self.pre_lookahead_layer(emb[:, :-look], context=emb[:, -look:])
-        h = h.repeat_interleave(cfg.token_mel_ratio, dim=1)  # [1, T, C]
-        prompt_frames = prompt_mel.shape[1]
-        frames = h.shape[1]
-        cond = h.new_zeros(1, frames, cfg.output_size)
+            mu = self.encode_tokens(emb[:, :-look], emb[:, -look:], streaming)
+        prompt_frames, frames = prompt_mel.shape[1], mu.shape[1]
+        cond = mu.new_zeros(1, frames, cfg.output_size)
         cond[:, :prompt_frames] = prompt_mel.to(device, dtype)
-        mask = h.new_ones(1, 1, frames)
-        mel = solve_cfm(self.decoder.estimator, h.transpose(1, 2).contiguous(), mask, spks,
+        mask = mu.new_ones(1, 1, frames)
+        mel = solve_cfm(self.decoder.estimator, mu.transpose(1, 2).contiguous(), mask, spks,
                         cond.transpose(1, 2).contiguous(), cfg.cfm, streaming=streaming)
         return mel[:, :, prompt_frames:]
 
+
+class FlowCV3(TokenFlow):
+    """``CausalMaskedDiffWithDiT`` for inference; see the module docstring."""
+
+    kind = "cosyvoice3"
+
+    def __init__(self, cfg: FlowCV3Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
+        self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
+        self.pre_lookahead_layer = PreLookahead(cfg.input_size, cfg.lookahead_channels, cfg.pre_lookahead_len)
+        self.decoder = _Decoder(cfg.dit)
+
+    def encode_tokens(self, emb: torch.Tensor, context: torch.Tensor | None, streaming: bool) -> torch.Tensor:
+        # emb [1, N, C], context [1, lookahead, C] | None -> [1, T, C] (streaming: no effect here)
+        return self.pre_lookahead_layer(emb, context=context).repeat_interleave(self.cfg.token_mel_ratio, dim=1)

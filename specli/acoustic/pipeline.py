@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import os
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from specli.audio import RESAMPLE_QUALITY
 from specli.engines.targets.cosyvoice_layout import ModelKind
 from specli.engines.targets.hyperpyyaml import read_hyperpyyaml
 from specli.errors import ModelLoadError, SpecliError
+from specli.writers import write_atomic_with
 
 __all__ = ["AudioFormat", "RenderError", "RenderedAudio", "VoicePrompt", "Vocalizer", "encode_audio",
            "write_audio_atomic"]
@@ -185,14 +185,4 @@ def encode_audio(audio: np.ndarray, sample_rate: int, fmt: AudioFormat) -> bytes
 
 def write_audio_atomic(path: Path, data: bytes) -> None:
     """``data`` to ``path`` through a hidden temporary file and a rename (never a half-written file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-    try:
-        with open(tmp, "xb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic_with(path, lambda fh: fh.write(data))

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import click
 import torch
 
-from specli.commands.synthesize_audio import run_audio
+from specli.commands.synthesize_audio import OutcomeTally, run_audio
 from specli.engines.synthesis import load_synthesizer
 from specli.errors import PresetError
 from specli.presets.synthesis import load_synthesis_preset
@@ -70,29 +69,19 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
         raise PresetError(str(exc)) from exc
     items = read_items(inputs, texts, sys.stdin if "-" in inputs else None)
     show = sys.stderr.isatty() if progress is None else progress
-    counts = {"ok": 0, "failed": 0, "skipped": 0}
-    t0, done = time.perf_counter(), [0]
+    tally = OutcomeTally()
 
     def report(out: SpeechOutcome) -> None:
-        done[0] += 1
-        if out.error:
-            counts["failed"] += 1
-            click.echo(f"failed: {out.where}: {out.error}", err=True)
-        elif out.skipped:
-            counts["skipped"] += 1
-        else:
-            counts["ok"] += 1
-            if show:
-                click.echo(f"[{done[0]}/{len(items)}] {out.id}: {len(out.result.tokens)} tokens", err=True)
-            if jsonl:
-                click.echo(json.dumps(result_record(out.result), ensure_ascii=False))
+        if not tally.produced(out):
+            return
+        if show:
+            click.echo(f"[{tally.done}/{len(items)}] {out.id}: {len(out.result.tokens)} tokens", err=True)
+        if jsonl:
+            click.echo(json.dumps(result_record(out.result), ensure_ascii=False))
 
     if fmt != "npy":
         options = AudioOptions(fmt, sample_rate, seed)
         return run_audio(synth, items, output_dir, options, prompt_wav, prompt_text, speaker, overwrite, bool(jsonl),
                          show)
     run_synthesis(synth, items, output_dir, overwrite, report)
-    click.echo(f"utterances: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped; "
-               f"wall {time.perf_counter() - t0:.1f} s", err=True)
-    if counts["failed"]:
-        raise SystemExit(1)
+    tally.finish()

@@ -11,7 +11,37 @@ import click
 from specli.acoustic.pipeline import Vocalizer
 from specli.engines.synthesis import Synthesizer
 from specli.speech_audio import AudioOptions, AudioOutcome, audio_record, prepare_voice, run_audio_synthesis
-from specli.speech_batch import SpeechItem
+from specli.speech_batch import SpeechItem, SpeechOutcome
+
+
+class OutcomeTally:
+    """Counts a run's outcomes, echoes each failure, and ends with the summary line (exit 1 on failures)."""
+
+    def __init__(self) -> None:
+        self.counts = {"ok": 0, "failed": 0, "skipped": 0}
+        self.done = 0  # outcomes seen so far
+        self.t0 = time.perf_counter()
+
+    def produced(self, out: SpeechOutcome | AudioOutcome) -> bool:
+        """Count ``out`` (echoing it when it failed); True when it was produced (the caller reports it)."""
+        self.done += 1
+        if out.error:
+            self.counts["failed"] += 1
+            click.echo(f"failed: {out.where}: {out.error}", err=True)
+            return False
+        if out.skipped:
+            self.counts["skipped"] += 1
+            return False
+        self.counts["ok"] += 1
+        return True
+
+    def finish(self) -> None:
+        """Echo the summary line; exit 1 when any utterance failed."""
+        c = self.counts
+        click.echo(f"utterances: {c['ok']} ok, {c['failed']} failed, {c['skipped']} skipped; "
+                   f"wall {time.perf_counter() - self.t0:.1f} s", err=True)
+        if c["failed"]:
+            raise SystemExit(1)
 
 
 def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, options: AudioOptions,
@@ -21,28 +51,18 @@ def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, opt
     model = synth.model
     vocalizer = Vocalizer.from_dir(model.path, model.spec.kind, model.lm.qwen.device)
     voice = prepare_voice(vocalizer, prompt_wav, prompt_text, speaker)
-    counts = {"ok": 0, "failed": 0, "skipped": 0}
-    t0, done = time.perf_counter(), [0]
+    tally = OutcomeTally()
 
     def report(out: AudioOutcome) -> None:
-        done[0] += 1
-        if out.error:
-            counts["failed"] += 1
-            click.echo(f"failed: {out.where}: {out.error}", err=True)
-        elif out.skipped:
-            counts["skipped"] += 1
-        else:
-            counts["ok"] += 1
-            rec = audio_record(out)
-            if show:
-                click.echo(f"[{done[0]}/{len(items)}] {out.id}: {rec['duration_s']:.2f} s audio, rtf llm "
-                           f"{rec['rtf']['llm']:.2f} flow {rec['rtf']['flow']:.2f} vocoder {rec['rtf']['vocoder']:.2f}",
-                           err=True)
-            if jsonl:
-                click.echo(json.dumps(rec, ensure_ascii=False))
+        if not tally.produced(out):
+            return
+        rec = audio_record(out)
+        if show:
+            click.echo(f"[{tally.done}/{len(items)}] {out.id}: {rec['duration_s']:.2f} s audio, rtf llm "
+                       f"{rec['rtf']['llm']:.2f} flow {rec['rtf']['flow']:.2f} vocoder {rec['rtf']['vocoder']:.2f}",
+                       err=True)
+        if jsonl:
+            click.echo(json.dumps(rec, ensure_ascii=False))
 
     run_audio_synthesis(synth, vocalizer, items, output_dir, options, voice, overwrite, report)
-    click.echo(f"utterances: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped; "
-               f"wall {time.perf_counter() - t0:.1f} s", err=True)
-    if counts["failed"]:
-        raise SystemExit(1)
+    tally.finish()

@@ -161,6 +161,10 @@ def _run(task: str, kw: dict) -> None:
     mode = "overwrite" if kw["overwrite"] else "skip-existing" if kw["skip_existing"] else "changed"
     vad = _vad_options(kw)
     subtitles = _subtitle_options(kw)  # a usage error (exit 2) before the model loads
+    try:
+        kw["output_dir"].mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.UsageError(f"cannot create the output directory {kw['output_dir']}: {exc.strerror or exc}")
     if vad is not None:
         load_vad()  # a missing VAD model fails (exit 3) before the Whisper model loads
     engine = _load(task, kw, p, language)

@@ -80,3 +80,14 @@ class KVCache:
             self.keys[:, :, :, start : start + n] = self.keys.index_select(3, idx)
             self.values[:, :, :, start : start + n] = self.values.index_select(3, idx)
         self.length = start + n
+
+
+def cached_attention_mask(start: int, n: int, tree_mask: torch.Tensor | None,  # [B or 1, n, n] bool
+                          device: torch.device | str) -> torch.Tensor | None:
+    """Boolean mask ``[B or 1, 1, n, start + n]``: every cached slot, plus the tree (or causal) mask."""
+    if tree_mask is None:
+        if n == 1:
+            return None
+        tree_mask = torch.ones(n, n, dtype=torch.bool, device=device).tril().unsqueeze(0)
+    prefix = torch.ones(tree_mask.shape[0], n, start, dtype=torch.bool, device=device)
+    return torch.cat([prefix, tree_mask.to(torch.bool)], dim=2).unsqueeze(1)

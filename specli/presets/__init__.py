@@ -7,9 +7,11 @@ import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
-from typing import Literal, get_args, get_origin, get_type_hints
+from typing import Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from specli.errors import PresetError
+
+P = TypeVar("P")  # a preset dataclass (Preset or SynthesisPreset)
 
 # what `transcribe` / `translate` and `specli.batch.transcribe` use unless told otherwise: whisper-base with
 # the shipped EAGLE-ASR head (lossless: the same text as whisper-base-ar, faster on held-out speech)
@@ -100,13 +102,18 @@ def _type_word(kind: type) -> str:
     return words.get(kind, kind.__name__)
 
 
-def preset_from_dict(name: str, data: dict) -> Preset:
-    """Build a :class:`Preset`, rejecting unknown keys."""
-    known = {f.name for f in fields(Preset)} - {"name"}
+def build_preset(cls: type[P], name: str, data: dict) -> P:
+    """Build the preset dataclass ``cls`` called ``name`` from ``data``, rejecting unknown keys."""
+    known = {f.name for f in fields(cls)} - {"name"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise PresetError(f"preset {name!r}: unknown key(s) {unknown}; known keys are {sorted(known)}")
-    return Preset(name=name, **data)
+    return cls(name=name, **data)
+
+
+def preset_from_dict(name: str, data: dict) -> Preset:
+    """Build a :class:`Preset`, rejecting unknown keys."""
+    return build_preset(Preset, name, data)
 
 
 def available_presets(task: Literal["transcribe", "synthesize"] | None = "transcribe") -> list[str]:

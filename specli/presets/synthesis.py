@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 from specli.errors import PresetError
+from specli.presets import build_preset, read_preset_toml
 
 SynthesisStrategy = Literal["ar", "chain", "adaptive", "sparse-tree", "recycling"]
 SynthesisDrafter = Literal["none", "pool", "dspark", "dflash", "eagle3"]
@@ -72,17 +73,11 @@ class SynthesisPreset:
 
 def synthesis_preset_from_dict(name: str, data: dict) -> SynthesisPreset:
     """Build a :class:`SynthesisPreset`, rejecting unknown keys."""
-    known = {f.name for f in fields(SynthesisPreset)} - {"name"}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise PresetError(f"preset {name!r}: unknown key(s) {unknown}; known keys are {sorted(known)}")
-    return SynthesisPreset(name=name, **data)
+    return build_preset(SynthesisPreset, name, data)
 
 
 def load_synthesis_preset(name_or_path: str) -> SynthesisPreset:
     """A shipped synthesis preset by name, or a TOML file by path."""
-    from specli.presets import read_preset_toml
-
     name, data = read_preset_toml(name_or_path)
     if data.get("task") != "synthesize":
         raise PresetError(f"preset {name!r} is a transcription preset, not a synthesis preset "

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specli.engines.kv_cache import KVCache
+from specli.engines.kv_cache import KVCache, cached_attention_mask
 from specli.engines.targets.layers import Linear
 from specli.engines.types import HiddenStates, ScoreOutput
 
@@ -204,7 +204,7 @@ class Qwen2Target:
         if positions is None:
             positions = torch.arange(start, start + n, device=x.device).expand(x.shape[0], n)
         cos, sin = self._rope(positions)  # [B, 1, n, head_dim] each
-        mask = _attn_mask(start, n, tree_mask, x.device)
+        mask = cached_attention_mask(start, n, tree_mask, x.device)
         states = {0: x}
         low = mid = x
         for i, blk in enumerate(self.blocks):
@@ -242,13 +242,3 @@ class Qwen2Target:
         a = a.view(b, d.heads, n, d.head_dim).transpose(1, 2).reshape(b, n, d.heads * d.head_dim)
         x = x + blk.o(a)
         return x + blk.mlp(rms_norm(x, blk.ln2, d.rms_eps))
-
-
-def _attn_mask(start: int, n: int, tree_mask: torch.Tensor | None, device) -> torch.Tensor | None:
-    """Boolean mask ``[B or 1, 1, n, start + n]``: every cached slot, plus the tree (or causal) mask."""
-    if tree_mask is None:
-        if n == 1:
-            return None
-        tree_mask = torch.ones(n, n, dtype=torch.bool, device=device).tril().unsqueeze(0)
-    prefix = torch.ones(tree_mask.shape[0], n, start, dtype=torch.bool, device=device)
-    return torch.cat([prefix, tree_mask.to(torch.bool)], dim=2).unsqueeze(1)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from specli.engines.kv_cache import KVCache
+from specli.engines.kv_cache import KVCache, cached_attention_mask
 from specli.engines.types import HiddenStates, ScoreOutput
 from specli.engines.targets.compiled import CompiledEncoder, compile_encoder
 from specli.engines.targets.layers import Linear, layer_norm
@@ -231,7 +231,7 @@ class WhisperTarget:
                 raise ValueError(f"decoder position {int(positions.max())} beyond {self.dims.text_ctx}")
         positions = positions.to(self.device)
         x = self.embed[tokens] + self.dec_pos[positions]  # [B, n, d]
-        mask = _self_attn_mask(start, n, None if tree_mask is None else tree_mask.to(self.device), self.device)
+        mask = cached_attention_mask(start, n, None if tree_mask is None else tree_mask.to(self.device), self.device)
         low = mid = x
         for i, blk in enumerate(self.dec_blocks):
             x = self._decoder_block(blk, i, x, state, start, mask, heads)
@@ -302,13 +302,3 @@ class WhisperTarget:
         ck, cv = state.cross_kv[i]
         x = x + c["out"](_merge_heads(F.scaled_dot_product_attention(_split_heads(c["q"](h), heads), ck, cv)))
         return blk.mlp(x)
-
-
-def _self_attn_mask(start: int, n: int, tree_mask: torch.Tensor | None, device) -> torch.Tensor | None:
-    """Boolean mask ``[B or 1, 1, n, start + n]``: every cached slot, plus the tree (or causal) mask."""
-    if tree_mask is None:
-        if n == 1:
-            return None
-        tree_mask = torch.ones(n, n, dtype=torch.bool, device=device).tril().unsqueeze(0)
-    prefix = torch.ones(tree_mask.shape[0], n, start, dtype=torch.bool, device=device)
-    return torch.cat([prefix, tree_mask.to(torch.bool)], dim=2).unsqueeze(1)

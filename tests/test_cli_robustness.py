@@ -404,7 +404,8 @@ def test_unusable_output_directory_is_a_usage_error_before_loading(tmp_path, no_
     blocker.write_text("not a directory")
     res = CliRunner().invoke(main, ["transcribe", str(SHORT[0]), *TINY, "-o", str(blocker / "out")])
     assert res.exit_code == 2, res.output
-    assert "cannot create the output directory" in res.output and "Not a directory" in res.output
+    assert "cannot create the output directory" in res.output and "is not a directory" in res.output
+    assert not (blocker / "out").exists()
 
 
 def test_an_unwritable_output_fails_that_file_and_the_batch_goes_on(tmp_path):

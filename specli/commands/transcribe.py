@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -147,6 +148,18 @@ def _load(task: str, kw: dict, p: Preset, language: str | None) -> Engine:
     return engine
 
 
+def _check_output_dir(path: Path) -> None:
+    """Refuse an output directory that could not be created (its nearest existing ancestor is not a
+    writable directory) without creating anything: a rejected run leaves no trace."""
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise click.UsageError(f"cannot create the output directory {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise click.UsageError(f"cannot create the output directory {path}: {probe} is not writable")
+
+
 def _run(task: str, kw: dict) -> None:
     if kw["overwrite"] and kw["skip_existing"]:
         raise click.UsageError("--overwrite and --skip-existing exclude each other")
@@ -161,10 +174,7 @@ def _run(task: str, kw: dict) -> None:
     mode = "overwrite" if kw["overwrite"] else "skip-existing" if kw["skip_existing"] else "changed"
     vad = _vad_options(kw)
     subtitles = _subtitle_options(kw)  # a usage error (exit 2) before the model loads
-    try:
-        kw["output_dir"].mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise click.UsageError(f"cannot create the output directory {kw['output_dir']}: {exc.strerror or exc}")
+    _check_output_dir(kw["output_dir"])  # a usage error before the model loads; nothing is created here
     if vad is not None:
         load_vad()  # a missing VAD model fails (exit 3) before the Whisper model loads
     engine = _load(task, kw, p, language)

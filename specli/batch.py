@@ -12,14 +12,16 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specli.audio import AUDIO_EXTENSIONS, iter_audio_chunks
+from specli.engines.decoding import AR, drive
 from specli.engines.language import check_model_name, check_model_support, normalize_language
+from specli.engines.scheduler import batch_unsupported, transcribe_batched
 from specli.engines.strategies import Engine, load_engine
 from specli.engines.targets.loader import WhisperModel
-from specli.engines.transcription import FileResult, TranscribeOptions, transcribe_stream
-from specli.errors import AudioError, SpecliError
+from specli.engines.transcription import FileResult, FileSteps, TranscribeOptions, serve_one, transcribe_steps
+from specli.errors import AudioError, SpecliError, UsageError
 from specli.presets import DEFAULT_PRESET, Preset, load_preset
 from specli.resume import ResumeMode, decide, sidecar_path, write_sidecar
-from specli.vad import VadOptions, transcribe_speech
+from specli.vad import VadOptions, speech_steps
 from specli.writers import WRITERS, SubtitleOptions, result_record, to_json, write_atomic
 
 
@@ -99,16 +101,63 @@ def render(result: FileResult, fmt: str, source: str, subtitles: SubtitleOptions
     return WRITERS[fmt](result)
 
 
+def file_steps(model: WhisperModel, path: Path, opts: TranscribeOptions, decode=None,
+               on_window: Callable[[float], None] | None = None, vad: VadOptions | None = None) -> FileSteps:
+    """The step machine of one file with streaming audio (``transcribe_steps``), or with ``vad`` of its
+    speech only (the file is read fully, ``specli.vad``); bad input raises :class:`AudioError` from it."""
+    kwargs = {} if decode is None else {"decode": decode}
+    if vad is not None:
+        return speech_steps(model, iter_audio_chunks(path), opts, vad, on_window=on_window, **kwargs)
+    return transcribe_steps(model, iter_audio_chunks(path), opts, on_window=on_window, **kwargs)
+
+
 def transcribe_file(model: WhisperModel, path: Path, opts: TranscribeOptions, decode=None,
                     on_window: Callable[[float], None] | None = None, vad: VadOptions | None = None) -> FileResult:
     """Transcribe one file with streaming audio; raises :class:`AudioError` for bad input.
 
     With ``vad``, the file is read fully and only its speech is transcribed (``specli.vad``).
     """
-    kwargs = {} if decode is None else {"decode": decode}
-    if vad is not None:
-        return transcribe_speech(model, iter_audio_chunks(path), opts, vad, on_window=on_window, **kwargs)
-    return transcribe_stream(model, iter_audio_chunks(path), opts, on_window=on_window, **kwargs)
+    return drive(file_steps(model, path, opts, decode, on_window, vad), lambda r: serve_one(model.target, r))
+
+
+def batch_size_for(model: WhisperModel, decode, batch_size: int) -> tuple[int, str | None]:
+    """The batch size that runs: ``batch_size``, or 1 with the reason when the preset's decoding cannot
+    run batched on this model (the caller says so; outputs are the same either way)."""
+    if batch_size < 1:
+        raise UsageError("batch size must be >= 1")
+    if batch_size == 1:
+        return 1, None
+    why = batch_unsupported(model, decode or AR)
+    return (1, why) if why else (batch_size, None)
+
+
+def transcribe_files(
+    model: WhisperModel,
+    jobs: Iterable[tuple[int, Path | None]],
+    opts: TranscribeOptions,
+    decode=None,
+    batch_size: int = 1,
+    on_window: Callable[[Path, float], None] | None = None,
+    vad: VadOptions | None = None,
+    errors: tuple[type[Exception], ...] = (AudioError,),
+) -> Iterator[tuple[int, FileResult | Exception]]:
+    """``(key, result)`` of each ``(key, path)`` job, up to ``batch_size`` files in flight (continuous
+    batching, :mod:`specli.engines.scheduler`), in completion order; a file raising one of ``errors``
+    gets the exception as its result and the others go on. A job without a path (nothing to do) comes
+    back at once with the result None."""
+    def steps(path: Path | None) -> Callable[[], FileSteps] | None:
+        cb = (lambda s: on_window(path, s)) if on_window else None
+        return None if path is None else lambda: file_steps(model, path, opts, decode, cb, vad)
+
+    size, _why = batch_size_for(model, decode, batch_size)
+    if size == 1:
+        for key, path in jobs:
+            try:
+                yield key, path and drive(steps(path)(), lambda r: serve_one(model.target, r))
+            except errors as exc:
+                yield key, exc
+        return
+    yield from transcribe_batched(model, ((key, steps(path)) for key, path in jobs), size, decode or AR, errors)
 
 
 def text_settings(preset: Preset, opts: TranscribeOptions, extra: Mapping[str, object] | None = None) -> dict:
@@ -133,8 +182,12 @@ def run_batch(
     on_redo: Callable[[Path, str], None] | None = None,
     vad: VadOptions | None = None,
     subtitles: SubtitleOptions | None = None,
+    batch_size: int = 1,
 ) -> Iterator[Outcome]:
     """Transcribe each item and write its outputs atomically, with a sidecar of the settings used.
+
+    Up to ``batch_size`` files are transcribed together (:func:`transcribe_files`); each file's outputs
+    are written as soon as it finishes, and outcomes are yielded in input order.
 
     An item whose outputs all exist is skipped when they were made with the same ``settings`` (default:
     the fields of ``opts``); otherwise it is redone and ``on_redo(path, reason)`` says why. ``mode``
@@ -142,31 +195,58 @@ def run_batch(
     """
     settings = dict(settings) if settings is not None else {**asdict(opts), **({"vad": asdict(vad)} if vad else {})}
     mode = mode or ("overwrite" if overwrite else "changed")
-    for item in items:
-        outs = output_paths(item, formats)
-        decision = decide(outs, item.output_base, settings, mode)
-        if decision.skip:
-            record = None if decision.record is None else {**decision.record, "source": str(item.path)}
-            yield Outcome(item.path, skipped=True, outputs=tuple(outs), record=record)
-            continue
-        if decision.redo_reason and on_redo is not None:
-            on_redo(item.path, decision.redo_reason)
-        try:
-            cb = (lambda s, p=item.path: on_window(p, s)) if on_window else None
-            result = transcribe_file(model, item.path, opts, decode, cb, vad)
-        except AudioError as exc:
-            yield Outcome(item.path, error=str(exc))
-            continue
-        record = result_record(result, str(item.path))
-        texts = {out: render(result, fmt, str(item.path), subtitles) for fmt, out in zip(formats, outs)}
-        try:
-            write_sidecar(sidecar_path(item.output_base), settings, texts, record)  # first: see specli.resume
-            for out, text in texts.items():
-                write_atomic(out, text)
-        except OSError as exc:  # an unwritable output: this file fails, the batch goes on
-            yield Outcome(item.path, error=f"{item.path}: cannot write {exc.filename or 'output'}: {exc.strerror or exc}")
-            continue
-        yield Outcome(item.path, result=result, outputs=tuple(outs), record=record)
+    skipped: dict[int, Outcome | None] = {}
+
+    def todo() -> Iterator[tuple[int, Path | None]]:  # decided as each item's turn comes
+        for i, item in enumerate(items):
+            skipped[i] = _skip(item, formats, settings, mode, on_redo)
+            yield i, None if skipped[i] else item.path
+
+    results = transcribe_files(model, todo(), opts, decode, batch_size, on_window, vad)
+    yield from _in_input_order((i, skipped.pop(i) or _write(items[i], result, formats, settings, subtitles))
+                               for i, result in results)
+
+
+def _in_input_order(outcomes: Iterable[tuple[int, Outcome]]) -> Iterator[Outcome]:
+    """Outcomes keyed by input index, yielded in input order (one that finishes early waits for those
+    before it)."""
+    done: dict[int, Outcome] = {}
+    following = 0  # the next input index to yield
+    for i, outcome in outcomes:
+        done[i] = outcome
+        while following in done:
+            yield done.pop(following)
+            following += 1
+
+
+def _skip(item: InputFile, formats: Sequence[str], settings: Mapping[str, object], mode: ResumeMode,
+          on_redo: Callable[[Path, str], None] | None) -> Outcome | None:
+    """The skipped outcome of an item whose outputs are kept (``specli.resume``), else None (to do)."""
+    outs = output_paths(item, formats)
+    decision = decide(outs, item.output_base, settings, mode)
+    if decision.skip:
+        record = None if decision.record is None else {**decision.record, "source": str(item.path)}
+        return Outcome(item.path, skipped=True, outputs=tuple(outs), record=record)
+    if decision.redo_reason and on_redo is not None:
+        on_redo(item.path, decision.redo_reason)
+    return None
+
+
+def _write(item: InputFile, result: FileResult | Exception, formats: Sequence[str], settings: Mapping[str, object],
+           subtitles: SubtitleOptions | None) -> Outcome:
+    """Write one finished item's outputs atomically (sidecar first) and return its outcome."""
+    if isinstance(result, Exception):
+        return Outcome(item.path, error=str(result))
+    outs = output_paths(item, formats)
+    record = result_record(result, str(item.path))
+    texts = {out: render(result, fmt, str(item.path), subtitles) for fmt, out in zip(formats, outs)}
+    try:
+        write_sidecar(sidecar_path(item.output_base), settings, texts, record)  # first: see specli.resume
+        for out, text in texts.items():
+            write_atomic(out, text)
+    except OSError as exc:  # an unwritable output: this file fails, the batch goes on
+        return Outcome(item.path, error=f"{item.path}: cannot write {exc.filename or 'output'}: {exc.strerror or exc}")
+    return Outcome(item.path, result=result, outputs=tuple(outs), record=record)
 
 
 def transcribe(
@@ -175,8 +255,10 @@ def transcribe(
     options: TranscribeOptions = TranscribeOptions(),
     engine: Engine | None = None,
     vad: VadOptions | None = None,
+    batch_size: int = 1,
 ) -> Iterator[Outcome]:
-    """Library entry point: transcribe files and directories, yielding one :class:`Outcome` each.
+    """Library entry point: transcribe files and directories, yielding one :class:`Outcome` each (in
+    input order; up to ``batch_size`` files are transcribed together).
 
     Nothing is written; failures are reported in ``Outcome.error`` and the batch goes on. A language
     Whisper does not know, or one the model cannot do, raises :class:`specli.errors.UsageError`. Pass a
@@ -190,8 +272,8 @@ def transcribe(
     check_model_support(engine.model.special, engine.preset.model, options.task, options.language)
     found, bad = discover(str(i) for i in inputs)
     yield from bad
-    for path, _root in found:
-        try:
-            yield Outcome(path, result=transcribe_file(engine.model, path, options, engine.decode, vad=vad))
-        except SpecliError as exc:
-            yield Outcome(path, error=str(exc))
+    paths = [path for path, _root in found]
+    results = transcribe_files(engine.model, enumerate(paths), options, engine.decode, batch_size, vad=vad,
+                               errors=(SpecliError,))
+    yield from _in_input_order((i, Outcome(paths[i], error=str(r)) if isinstance(r, Exception)
+                                else Outcome(paths[i], result=r)) for i, r in results)

@@ -130,11 +130,8 @@ def run_items(synth: Synthesizer, items: list[SpeechItem], done: Callable[[str],
     skipped unless ``overwrite``, any other is ``produce``d (``errors`` it raises become error outcomes)."""
     outcomes = []
     for it in items:
-        if it.request is None:
-            out = outcome(it.where, "", error=it.error)
-        elif not overwrite and done(it.request.id):
-            out = outcome(it.where, it.request.id, skipped=True)
-        else:
+        out = _settled(it, done, overwrite, outcome)
+        if out is None:
             try:
                 out = produce(it)
             except errors as exc:
@@ -146,20 +143,75 @@ def run_items(synth: Synthesizer, items: list[SpeechItem], done: Callable[[str],
     return outcomes
 
 
+def _settled(it: SpeechItem, done: Callable[[str], bool], overwrite: bool, outcome: Callable[..., O]) -> O | None:
+    """The outcome of an item that needs no synthesis (a bad line, or its output is ``done``), else None."""
+    if it.request is None:
+        return outcome(it.where, "", error=it.error)
+    if not overwrite and done(it.request.id):
+        return outcome(it.where, it.request.id, skipped=True)
+    return None
+
+
+def _frontend_needed(it: SpeechItem) -> SpeechOutcome | None:
+    """The failure of a line whose voice prompt is a recording: speech tokens only cannot read it."""
+    if it.prompt_wav and not it.request.prompt_tokens:
+        return SpeechOutcome(it.where, it.request.id, error="prompt_wav needs the speech-tokenizer frontend: "
+                             "give --format wav or flac, or prompt_tokens (speech token ids of the prompt)")
+    return None
+
+
 def run_synthesis(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, overwrite: bool = False,
-                  on_outcome: Callable[[SpeechOutcome], None] | None = None) -> list[SpeechOutcome]:
-    """Synthesize every good item whose ``<id>.npy`` is missing (or all with ``overwrite``)."""
+                  on_outcome: Callable[[SpeechOutcome], None] | None = None, batch_size: int = 1
+                  ) -> list[SpeechOutcome]:
+    """Synthesize every good item whose ``<id>.npy`` is missing (or all with ``overwrite``); with ``batch_size``
+    > 1 up to that many decode together (the same tokens; outcomes still reported in input order)."""
+    done = lambda rid: tokens_path(output_dir, rid).is_file()  # noqa: E731
+    if batch_size > 1:
+        return _run_batched(synth, items, output_dir, done, overwrite, on_outcome, batch_size)
 
     def produce(it: SpeechItem) -> SpeechOutcome:
-        if it.prompt_wav and not it.request.prompt_tokens:
-            return SpeechOutcome(it.where, it.request.id, error="prompt_wav needs the speech-tokenizer frontend: "
-                                 "give --format wav or flac, or prompt_tokens (speech token ids of the prompt)")
+        failed = _frontend_needed(it)
+        if failed is not None:
+            return failed
         res = synth.synthesize(it.request)
         write_tokens_atomic(tokens_path(output_dir, it.request.id), res.tokens)
         return SpeechOutcome(it.where, it.request.id, res)
 
-    return run_items(synth, items, lambda rid: tokens_path(output_dir, rid).is_file(), overwrite, SpeechOutcome,
-                     produce, (SynthesisInputError,), on_outcome)
+    return run_items(synth, items, done, overwrite, SpeechOutcome, produce, (SynthesisInputError,), on_outcome)
+
+
+def _run_batched(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, done: Callable[[str], bool],
+                 overwrite: bool, on_outcome: Callable[[SpeechOutcome], None] | None, batch_size: int
+                 ) -> list[SpeechOutcome]:
+    """:func:`run_synthesis` through :meth:`Synthesizer.synthesize_batch`: each output is written as its row
+    finishes; outcomes are released to ``on_outcome`` in input order as soon as all earlier ones are known."""
+    outcomes: list[SpeechOutcome | None] = [None] * len(items)
+    released = 0
+
+    def settle(k: int, out: SpeechOutcome) -> None:
+        nonlocal released
+        outcomes[k] = out
+        while released < len(items) and outcomes[released] is not None:
+            if on_outcome is not None:
+                on_outcome(outcomes[released])
+            released += 1
+
+    todo = []
+    for k, it in enumerate(items):
+        out = _settled(it, done, overwrite, SpeechOutcome) or _frontend_needed(it)
+        if out is None:
+            todo.append(k)
+        else:
+            settle(k, out)
+    for j, res in synth.synthesize_batch([items[k].request for k in todo], batch_size):
+        it = items[todo[j]]
+        if isinstance(res, SynthesisInputError):
+            settle(todo[j], SpeechOutcome(it.where, it.request.id, error=str(res)))
+            continue
+        write_tokens_atomic(tokens_path(output_dir, it.request.id), res.tokens)
+        settle(todo[j], SpeechOutcome(it.where, it.request.id, res))
+    synth.finish()
+    return [out for out in outcomes if out is not None]
 
 
 def result_record(result: SynthesisResult) -> dict:

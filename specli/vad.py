@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from specli.audio import SAMPLE_RATE
-from specli.engines.decoding import AR, DecodeMethod
+from specli.engines.decoding import AR, DecodeMethod, drive
 from specli.engines.targets.loader import WhisperModel
-from specli.engines.transcription import FileResult, Segment, TranscribeOptions, transcribe_stream
+from specli.engines.transcription import FileResult, FileSteps, Segment, TranscribeOptions, serve_one, transcribe_steps
 from specli.errors import ModelLoadError
 
 FRAME_SAMPLES = 512  # samples per Silero frame at 16 kHz (32 ms)
@@ -307,12 +307,26 @@ def transcribe_speech(
 
     Audio without speech gives a result without segments. ``stats.audio_seconds`` is the whole file.
     """
+    steps = speech_steps(model, chunks, opts, vad, decode, on_window, vad_model)
+    return drive(steps, lambda request: serve_one(model.target, request))
+
+
+def speech_steps(
+    model: WhisperModel,
+    chunks: Iterable[np.ndarray],
+    opts: TranscribeOptions,
+    vad: VadOptions,
+    decode: DecodeMethod = AR,
+    on_window: Callable[[float], None] | None = None,
+    vad_model: SileroVad | None = None,
+) -> FileSteps:
+    """:func:`transcribe_speech` as a step machine (:func:`specli.engines.transcription.transcribe_steps`)."""
     pieces = list(chunks)
     audio = np.concatenate(pieces) if len(pieces) > 1 else (pieces[0] if pieces else np.zeros(0, np.float32))
     spans = speech_timestamps(audio, vad, vad_model or load_vad())
     tmap = TimeMap(spans)
     cb = None if on_window is None else (lambda s: on_window(tmap.to_original(s, is_end=True)))
-    result = transcribe_stream(model, collect_speech(audio, spans), opts, decode=decode, on_window=cb)
+    result = yield from transcribe_steps(model, collect_speech(audio, spans), opts, decode=decode, on_window=cb)
     result.stats.audio_seconds = audio.size / SAMPLE_RATE
     if on_window is not None:
         on_window(audio.size / SAMPLE_RATE)

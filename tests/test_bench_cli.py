@@ -17,7 +17,8 @@ def test_bench_tiny_en_two_clips(tmp_path):
     out = tmp_path / "bench"
     clips = [str(EN_CLIPS[2]), str(EN_CLIPS[4])]  # 3.0 s and 4.9 s: two length bins
     args = ["bench", *clips, "--presets", "whisper-tiny.en-ar,whisper-tiny.en-pool", "--peers", "hf",
-            "--repeat", "1", "--no-warmup", "--threads", "2", "--references", "sidecar", "--out", str(out), "-q"]
+            "--repeat", "1", "--no-warmup", "--threads", "2", "--references", "sidecar", "--out", str(out), "-q",
+            "--dtype", "float32"]  # transformers runs in float32: token-identical text is expected in float32
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
@@ -131,7 +132,7 @@ def test_a_peer_that_cannot_decode_a_clip_is_skipped_loudly(tmp_path, long_clip)
     md = (out / "report.md").read_text()
     assert "## Skipped runs" in md and "| system | file | audio s | passes | skipped: reason |" in md
     assert f"| hf | {long_clip} | {skip['audio_seconds']:.1f} | 1, 2 | {reason} |" in md
-    assert "| hf | peer | 1 | 1 |" in md  # utts and skipped columns of the time table
+    assert "| hf | peer | float32 | 1 | 1 |" in md  # dtype, utts and skipped columns of the time table
     kinds = [json.loads(line)["kind"] for line in (out / "runs.jsonl").read_text().splitlines()]
     assert kinds.count("skip") == 2 and kinds.count("run") == 2 * 2 + 2
 

@@ -204,7 +204,7 @@ def test_skips_are_counted_listed_and_rendered():
                   "references": None, "references_found": 0, "options": {"repeat": 2, "warmup": True}}
     md = markdown(rep)
     assert "## Skipped runs" in md and "| hf | long | 40.0 | 1, 2 | transformers cannot |" in md
-    assert "| hf | peer | 1 | 1 |" in md and "| base-ar | preset | 2 | 0 |" in md
+    assert "| hf | peer | - | 1 | 1 |" in md and "| base-ar | preset | - | 2 | 0 |" in md
     assert "elapsed - s" in md and "on clips over 30 s only" in md
     assert "## Skipped runs" not in markdown({**rep, "skipped": []})
 

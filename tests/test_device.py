@@ -3,8 +3,10 @@ this machine (through Click's CliRunner and as a subprocess). The CUDA path itse
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +14,8 @@ from click.testing import CliRunner
 
 from conftest import EN_CLIPS, SAMPLES
 from specli.cli import main
-from specli.engines.device import host_to_device, resolve_device, resolve_dtype
+from specli.engines.device import (auto_dtype, cpu_flags, cpu_native_bf16, dtype_name, has_native_bf16,
+                                   host_to_device, resolve_device, resolve_dtype)
 from specli.errors import PresetError, UsageError
 from specli.presets import load_preset, preset_from_dict
 from specli.presets.synthesis import synthesis_preset_from_dict
@@ -38,12 +41,60 @@ def test_cuda_without_a_cuda_device_is_a_usage_error(spec):
         resolve_device(spec)
 
 
-def test_dtype_auto_is_float32_on_cpu_and_float16_on_cuda():
-    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
-    assert resolve_dtype("auto", torch.device("cuda")) == torch.float16
-    assert resolve_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16
+CPUINFO_BF16 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni avx512_bf16
+
+processor\t: 1
+flags\t\t: fpu sse2
+"""
+
+
+def test_native_bf16_is_read_from_the_cpu_flags():
+    flags = cpu_flags(CPUINFO_BF16)
+    assert {"avx512f", "avx512_bf16"} <= flags and "fpu" in flags  # the first processor's line
+    assert has_native_bf16(flags) and has_native_bf16({"amx_tile", "amx_bf16"})
+    no_bf16 = cpu_flags(CPUINFO_BF16.replace(" avx512_bf16", ""))
+    assert "avx512bw" in no_bf16 and not has_native_bf16(no_bf16)  # AVX-512 alone: bf16 only emulated
+    assert cpu_flags("processor : 0\nmodel name : x\n") == frozenset() and not has_native_bf16(frozenset())
+
+
+def test_dtype_auto_is_bf16_on_native_bf16_cpus_float32_on_others_float16_on_cuda():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert auto_dtype(cpu, native_bf16=True) == torch.bfloat16
+    assert auto_dtype(cpu, native_bf16=False) == torch.float32
+    assert auto_dtype(cuda, native_bf16=True) == auto_dtype(cuda, native_bf16=False) == torch.float16
+    assert resolve_dtype("auto", cuda) == torch.float16
+    assert resolve_dtype("bfloat16", cuda) == torch.bfloat16 and resolve_dtype("float32", cpu) == torch.float32
     with pytest.raises(ValueError, match="dtype"):
-        resolve_dtype("float64", torch.device("cpu"))
+        resolve_dtype("float64", cpu)
+
+
+def test_dtype_auto_follows_this_machines_cpu():
+    info = Path("/proc/cpuinfo")
+    native = info.is_file() and has_native_bf16(cpu_flags(info.read_text())) and torch.backends.mkldnn.is_available()
+    assert cpu_native_bf16() == native
+    assert resolve_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if native else torch.float32)
+
+
+def test_resume_sidecar_records_the_resolved_dtype(tmp_path):
+    """The sidecar holds the dtype the text was made in, never "auto": a run in another dtype redoes the file."""
+    from specli.resume import read_sidecar, sidecar_path
+
+    auto = dtype_name(auto_dtype(torch.device("cpu")))
+    args = ["transcribe", CLIP, "--preset", "whisper-tiny.en-ar", "--device", "cpu", "-o", tmp_path, "--threads", 1]
+    res = _invoke(*args)
+    assert res.exit_code == 0, res.output
+    side = read_sidecar(sidecar_path(tmp_path / CLIP.stem))
+    assert side is not None and side.settings["dtype"] == auto
+    res = _invoke(*args, "--dtype", auto)  # the same dtype asked by name: nothing to redo
+    assert res.exit_code == 0 and "redoing" not in res.output, res.output
+    other = "float32" if auto == "bfloat16" else "bfloat16"
+    res = _invoke(*args, "--dtype", other, "--jsonl", "-")
+    assert res.exit_code == 0, res.output
+    assert f"dtype {auto} -> {other}" in res.stderr
+    assert read_sidecar(sidecar_path(tmp_path / CLIP.stem)).settings["dtype"] == other
+    assert json.loads(res.stdout.splitlines()[0])["source"] == str(CLIP)
 
 
 def test_host_to_device_keeps_values_and_type():
@@ -65,7 +116,8 @@ def test_engine_reports_the_effective_device_and_dtype():
     from specli.engines.strategies import load_engine
 
     engine = load_engine(load_preset("whisper-tiny.en-ar"), device="cpu")
-    assert engine.preset.device == "cpu" and engine.preset.dtype == "float32"
+    assert engine.preset.device == "cpu" and engine.preset.dtype == dtype_name(auto_dtype(torch.device("cpu")))
+    assert engine.model.target.dtype == auto_dtype(torch.device("cpu"))
     assert engine.model.target.device == torch.device("cpu")
     assert engine.model.target.embed.device.type == "cpu"
 

@@ -16,10 +16,12 @@ from hypothesis import strategies as st
 from conftest import EN_CLIPS
 from specli.distill.data import generate, load_windows, read_manifest, window_record
 from specli.distill.train import TrainOptions, learning_rate, make_batch, start_rows, train, unrolled_loss, validate
-from specli.engines.drafters.eagle import (EagleConfig, EagleDrafter, PackedLinear, SpeechDraftHead,
+from specli.engines.drafters.base import DraftRequest
+from specli.engines.drafters.eagle import (EagleConfig, EagleDrafter, PackedLinear, SpeechDraftHead, cross_attention,
                                            draft_vocabulary, load_head, packed_for_inference, save_head)
 from specli.engines.drafters.model import ModelDraftOptions
 from specli.engines.greedy import greedy_decode
+from specli.engines.logits import GREEDY, SamplingParams, filter_logits
 from specli.engines.speculative import SpecOptions, speculative_decode
 from specli.errors import AudioError, ModelLoadError
 from tiny_models import EOT, NO_TS, SOT, tiny_rules, tiny_target, window
@@ -188,6 +190,63 @@ def test_eagle_speculative_greedy_equals_greedy(mode, audio_seed, head_seed, tim
     assert out.tokens == ref.tokens
     assert out.finished == ref.finished
     assert out.sum_logprob == pytest.approx(ref.sum_logprob, abs=1e-3)
+
+
+def _request(seed: int, greedy: bool, timestamps: bool, budget: int = 6) -> DraftRequest:
+    """A drafting request after a tiny window's prompt (the target's hidden state of the pending token)."""
+    prompt = [SOT] + ([] if timestamps else [NO_TS])
+    state = window(TARGET, seed)
+    hidden = TARGET.score(state, torch.tensor([prompt])).hidden
+    params = GREEDY if greedy else SamplingParams(temperature=1.3, top_k=20, top_p=0.9)
+    filt = functools.partial(filter_logits, rules=tiny_rules(timestamps), params=params)
+    return DraftRequest(prompt, len(prompt), budget, state, hidden, filt, greedy,
+                        torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_drafting_in_the_draft_vocabulary_equals_drafting_over_the_scattered_row(greedy, timestamps):
+    head = _head(7, draft_vocab=30)
+    drafter = EagleDrafter(head, MODES["sparse-tree"], torch.float32)
+    ref = EagleDrafter(head, MODES["sparse-tree"], torch.float32)  # as before: the full row, -inf outside
+    small = ref.head.logits
+    ref.head.logits = lambda h: drafter.vocab.to_full(small(h))
+    ref.vocab = None
+    assert drafter.vocab is not None and len(drafter.vocab) == 30
+    for seed in range(4):
+        drafter.start(window(TARGET, seed), [])
+        ref.start(window(TARGET, seed), [])
+        got, want = drafter.propose(_request(seed, greedy, timestamps)), ref.propose(_request(seed, greedy, timestamps))
+        assert got.tokens == want.tokens and got.parents == want.parents and len(got) > 0
+        assert set(got.tokens) <= set(head.vocab_ids.tolist())
+        assert got.confidence == pytest.approx(want.confidence, abs=1e-6)
+        if greedy:
+            assert got.q is None and want.q is None
+        else:  # q rows in the full vocabulary, zero outside the draft vocabulary
+            assert got.q.shape == (len(got), TARGET.dims.vocab)
+            torch.testing.assert_close(got.q, want.q, rtol=1e-5, atol=1e-7)
+
+
+def test_head_runs_in_bfloat16_under_a_bfloat16_target_and_stays_lossless():
+    target = tiny_target(0, dtype=torch.bfloat16)
+    head = _head(3, target=target, draft_vocab=30)
+    prompt, rules = [SOT, NO_TS], tiny_rules(False)
+    drafter = EagleDrafter(head, MODES["chain"])
+    ref = greedy_decode(target, window(target, 4), prompt, rules, EOT, 30)
+    out = speculative_decode(target, window(target, 4), prompt, rules, EOT, 30, drafter=drafter,
+                             options=SpecOptions(max_draft=5))
+    assert out.tokens == ref.tokens and out.stats.drafted > 0
+    assert drafter.head.lm_head.linear.dtype == torch.bfloat16 and drafter.head.ln_rec.weight.dtype == torch.bfloat16
+    assert drafter._cross[0].dtype == torch.float32  # window K/V kept in float32 on the CPU (cross_attention)
+    assert EagleDrafter(head, MODES["chain"], torch.float32).head.lm_head.linear.dtype == torch.float32
+
+
+def test_cross_attention_in_the_kv_dtype_matches_sdpa():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for n in (3, 40, 40))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert torch.equal(cross_attention(q, k, v), want)
+    torch.testing.assert_close(cross_attention(q.bfloat16(), k, v).float(), want, rtol=2e-2, atol=2e-2)
 
 
 def test_train_checkpoints_resume_and_validate(tmp_path):

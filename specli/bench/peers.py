@@ -5,6 +5,12 @@ A clip over 30 s is decoded the way each library does long-form: Whisper's seque
 seeking to the last timestamp token and prompting each window with the previous text (transformers:
 ``generate`` on the whole unpadded log-mel; faster-whisper: ``transcribe``). Without timestamp tokens
 faster-whisper steps by whole windows, and transformers refuses long-form: :class:`PeerCannot`.
+
+A peer is named by a spec: ``hf``, ``faster-whisper[:COMPUTE]`` or ``faster-whisper-batched[:COMPUTE]``
+(COMPUTE: a CTranslate2 compute type such as ``int8``; default: the target's dtype where CTranslate2 has
+it on the device, else float32). ``faster-whisper-batched`` is faster-whisper's
+``BatchedInferencePipeline``: clips of up to 30 s are decoded as independent windows, ``batch_size`` at
+a time, several clips together (:meth:`FasterWhisperBatchedPeer.transcribe_many`).
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +32,14 @@ from specli.engines.targets.loader import WhisperModel
 from specli.engines.targets.resolve import BUNDLED, cache_root, find_package_dir, is_ct2_dir
 from specli.errors import SpecliError
 
-PEERS = ("hf", "faster-whisper")
+PEERS = ("hf", "faster-whisper", "faster-whisper-batched")
+#: CTranslate2 compute types a faster-whisper peer takes after a colon (``faster-whisper:int8``).
+COMPUTE_TYPES = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
+                 "int16")
 #: Longest clip a peer decodes as one window without timestamps; longer ones go through long-form decoding.
 MAX_SHORT_FORM_SECONDS = 30.0
+#: Windows the batched faster-whisper peer decodes together when no batch size is asked (faster-whisper's).
+DEFAULT_PEER_BATCH = 8
 
 
 class BenchError(SpecliError):
@@ -38,10 +52,61 @@ class PeerCannot(Exception):
     """This peer cannot decode this clip as asked; the message says why (the run is reported as skipped)."""
 
 
-class HFPeer:
+@dataclass(frozen=True)
+class PeerSpec:
+    """A parsed ``--peers`` entry."""
+
+    kind: str  # one of PEERS
+    compute_type: str | None = None  # CTranslate2 compute type (faster-whisper peers); None = the target's
+
+    @property
+    def name(self) -> str:
+        """The system name in the report: the spec as written (``faster-whisper:int8``)."""
+        return self.kind if self.compute_type is None else f"{self.kind}:{self.compute_type}"
+
+    @property
+    def batched(self) -> bool:
+        """Decodes several windows per forward (its throughput depends on the batch size)."""
+        return self.kind == "faster-whisper-batched"
+
+
+def parse_peer(spec: str) -> PeerSpec:
+    """``hf``, ``faster-whisper[:COMPUTE]`` or ``faster-whisper-batched[:COMPUTE]``; :class:`BenchError` else."""
+    kind, sep, compute = spec.strip().partition(":")
+    if kind not in PEERS:
+        raise BenchError(f"unknown peer {spec!r}; known: {', '.join(PEERS)} (faster-whisper peers take "
+                         f"':COMPUTE_TYPE', e.g. faster-whisper:int8)")
+    if not sep:
+        return PeerSpec(kind)
+    if kind == "hf":
+        raise BenchError(f"peer {spec!r}: 'hf' takes no compute type (it runs in float32)")
+    if compute not in COMPUTE_TYPES:
+        raise BenchError(f"peer {spec!r}: compute type must be one of {', '.join(COMPUTE_TYPES)}")
+    return PeerSpec(kind, compute)
+
+
+class Peer(ABC):
+    """A peer implementation: ``transcribe`` one clip; ``transcribe_many`` a list of clips."""
+
+    name: str  # system name in the report
+    dtype: str  # numeric / compute type it runs in
+    batched = False  # decodes several windows per forward: measured at every --batch-sizes entry
+
+    @abstractmethod
+    def transcribe(self, audio: np.ndarray, language: str | None, timestamps: bool) -> str:
+        """The text of one 16 kHz mono clip."""
+
+    def transcribe_many(self, audios: Sequence[np.ndarray], languages: Sequence[str | None], timestamps: bool,
+                        batch_size: int = 1) -> list[str]:
+        """One clip after another (``batch_size`` is ignored: this peer decodes sequentially)."""
+        return [self.transcribe(a, lang, timestamps) for a, lang in zip(audios, languages)]
+
+
+class HFPeer(Peer):
     """transformers ``WhisperForConditionalGeneration.generate(do_sample=False, num_beams=1)``."""
 
     name = "hf"
+    dtype = "float32"  # transformers in float32, whatever the target's dtype
 
     def __init__(self, model: WhisperModel) -> None:
         from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
@@ -79,20 +144,19 @@ class HFPeer:
         return self.tokenizer.decode(ids).strip()
 
 
-class FasterWhisperPeer:
+class FasterWhisperPeer(Peer):
     """faster-whisper (CTranslate2) on the bundled CTranslate2 weights, greedy, no VAD."""
 
-    name = "faster-whisper"
-
-    def __init__(self, model: WhisperModel, threads: int | None) -> None:
+    def __init__(self, model: WhisperModel, threads: int | None, compute_type: str | None = None) -> None:
         if importlib.util.find_spec("faster_whisper") is None:
             raise BenchError("peer 'faster-whisper' needs the package: pip install 'specli[peers]'")
         from faster_whisper import WhisperModel as FWModel
 
         path = ct2_dir(model.name)
-        dev = model.target.device  # the same device and numeric type as the specli target it is compared with
-        compute = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(model.target.dtype, "float32")
-        self.model = FWModel(str(path), device=dev.type, device_index=dev.index or 0, compute_type=compute,
+        dev = model.target.device  # the same device as the specli target it is compared with
+        self.dtype = peer_compute_type(model.target.dtype, dev.type, compute_type)
+        self.name = PeerSpec("faster-whisper", compute_type).name
+        self.model = FWModel(str(path), device=dev.type, device_index=dev.index or 0, compute_type=self.dtype,
                              cpu_threads=threads or 0)
 
     def transcribe(self, audio: np.ndarray, language: str | None, timestamps: bool) -> str:
@@ -100,6 +164,86 @@ class FasterWhisperPeer:
             audio, language=language or "en", task="transcribe", beam_size=1, temperature=0.0,
             condition_on_previous_text=True, without_timestamps=not timestamps, vad_filter=False)
         return "".join(s.text for s in segments).strip()  # decoding happens while iterating: timed
+
+
+class FasterWhisperBatchedPeer(FasterWhisperPeer):
+    """faster-whisper's ``BatchedInferencePipeline``: independent windows decoded ``batch_size`` at a time.
+
+    Clips of up to 30 s are joined into one array and passed with one ``clip_timestamps`` entry each (the
+    way faster-whisper's maintainers suggest for many short files), so windows of several clips share a
+    batch; each window is decoded without the previous text as prompt (this pipeline never prompts). A
+    longer clip goes alone through the pipeline's own chunking (its Silero VAD cuts it into <= 30-s
+    speech chunks, batched).
+    """
+
+    def __init__(self, model: WhisperModel, threads: int | None, compute_type: str | None = None,
+                 batch_size: int = DEFAULT_PEER_BATCH) -> None:
+        super().__init__(model, threads, compute_type)
+        from faster_whisper import BatchedInferencePipeline
+
+        self.name = PeerSpec("faster-whisper-batched", compute_type).name
+        self.batched = True
+        self.pipeline = BatchedInferencePipeline(self.model)
+        self.batch_size = batch_size  # windows per forward for transcribe(); transcribe_many takes its own
+
+    def transcribe(self, audio: np.ndarray, language: str | None, timestamps: bool) -> str:
+        return self.transcribe_many([audio], [language], timestamps, self.batch_size)[0]
+
+    def transcribe_many(self, audios: Sequence[np.ndarray], languages: Sequence[str | None], timestamps: bool,
+                        batch_size: int = DEFAULT_PEER_BATCH) -> list[str]:
+        """The texts of ``audios`` (16 kHz mono), decoded ``batch_size`` windows at a time."""
+        texts: list[str] = [""] * len(audios)
+        groups: dict[str | None, list[int]] = {}
+        for i, (audio, lang) in enumerate(zip(audios, languages)):
+            if len(audio) > MAX_SHORT_FORM_SECONDS * 16000:
+                texts[i] = self._decode(audio, lang, timestamps, batch_size, None)[0]
+            else:
+                groups.setdefault(lang, []).append(i)
+        for lang, idx in groups.items():  # one call per language: the pipeline takes one language a call
+            offsets = np.cumsum([0, *(len(audios[i]) for i in idx)]) / 16000
+            clips = [{"start": float(a), "end": float(b)} for a, b in zip(offsets, offsets[1:])]
+            joined = np.concatenate([audios[i] for i in idx])
+            for i, text in zip(idx, self._decode(joined, lang, timestamps, batch_size, clips)):
+                texts[i] = text
+        return texts
+
+    def _decode(self, audio: np.ndarray, language: str | None, timestamps: bool, batch_size: int,
+                clips: list[dict] | None) -> list[str]:
+        """Text per entry of ``clips`` (seconds into ``audio``); ``clips=None``: VAD chunks, one text."""
+        segments, _info = self.pipeline.transcribe(
+            audio, language=language or "en", task="transcribe", beam_size=1, temperature=0.0,
+            without_timestamps=not timestamps, vad_filter=clips is None, clip_timestamps=clips,
+            batch_size=batch_size)
+        starts = [c["start"] for c in clips] if clips else [0.0]
+        parts: list[list[str]] = [[] for _ in starts]
+        for seg in segments:  # decoding happens while iterating: timed
+            k = max(0, int(np.searchsorted(starts, seg.start + 1e-3, side="right")) - 1)
+            parts[k].append(seg.text)
+        return ["".join(p).strip() for p in parts]
+
+
+def peer_compute_type(dtype: torch.dtype, device: str, asked: str | None) -> str:
+    """The CTranslate2 compute type a faster-whisper peer runs in: ``asked``, else the target's ``dtype``
+    where CTranslate2 has it on ``device`` (CPUs without fast bf16 kernels in CTranslate2: float32)."""
+    import ctranslate2
+
+    supported = set(ctranslate2.get_supported_compute_types(device))
+    if asked is not None:
+        if asked not in supported:
+            raise BenchError(f"faster-whisper: CTranslate2 {ctranslate2.__version__} has no {asked} on {device} "
+                             f"here; supported: {', '.join(sorted(supported))}")
+        return asked
+    wanted = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")
+    return wanted if wanted in supported else "float32"
+
+
+def make_peer(spec: PeerSpec, model: WhisperModel, threads: int | None) -> Peer:
+    """The peer ``spec`` names, on ``model``'s weights and device."""
+    if spec.kind == "hf":
+        return HFPeer(model)
+    if spec.kind == "faster-whisper-batched":
+        return FasterWhisperBatchedPeer(model, threads, spec.compute_type)
+    return FasterWhisperPeer(model, threads, spec.compute_type)
 
 
 def ct2_dir(name: str, root: Path | None = None) -> Path:

@@ -19,7 +19,8 @@ def fmt(value: object, digits: int = 2) -> str:
     return str(value)
 
 
-def _x(value: float | None) -> str:
+def times(value: float | None) -> str:
+    """Speedup cell: '2.05x', or '-' for None."""
     return "-" if value is None else f"{value:.2f}x"
 
 
@@ -30,17 +31,24 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     return lines + [""]
 
 
-def _header(report: dict) -> list[str]:
+def machine_lines(report: dict) -> list[str]:
+    """Date, command, machine, load and versions: the first lines of a report's header."""
     m, r = report["machine"], report["run"]
-    opts = r["options"]
     v = ", ".join(f"{k} {val}" for k, val in m["versions"].items() if val)
     return [
-        "# specli bench report", "",
         f"- date: {r['date']}; elapsed {fmt(r['elapsed_seconds'], 1)} s",
         f"- command: `{r['command']}`",
         f"- machine: {m['cpu']} ({m['cpu_count']} cores), {m['threads']} threads; {m['platform']}",
         f"- load average (1/5/15 min) before: {m['loadavg_before']}, after: {m['loadavg_after']}",
         f"- versions: {v}",
+    ]
+
+
+def _header(report: dict) -> list[str]:
+    r = report["run"]
+    opts = r["options"]
+    return [
+        "# specli bench report", "", *machine_lines(report),
         f"- inputs: {len(r['inputs'])} files; repeats: {opts['repeat']} (warm-up: {opts['warmup']}); "
         f"interleaved per file; per file, times come from the repeat with the median wall time; "
         f"totals are sums over files",
@@ -61,16 +69,16 @@ def _timestamps(asked: bool | None) -> str:
 
 def _summary_tables(report: dict) -> list[str]:
     s = report["summaries"]
-    time_rows = [[x["system"], x["kind"], x["utterances"], fmt(x.get("skipped", 0)), fmt(x["audio_seconds"]),
-                  fmt(x["wall_seconds"], 3),
+    time_rows = [[x["system"], x["kind"], x.get("dtype") or "-", x["utterances"], fmt(x.get("skipped", 0)),
+                  fmt(x["audio_seconds"]), fmt(x["wall_seconds"], 3),
                   fmt(x["rtf"], 3), fmt(x["encode_seconds"], 3), fmt(x["decode_seconds"], 3),
                   fmt(x["draft_seconds"], 3), fmt(x["verify_seconds"], 3), fmt(x["other_seconds"], 3)] for x in s]
     spec_rows = [[x["system"], fmt(x["tokens"]), fmt(x["target_forwards"]), fmt(x.get("acceptance_micro")),
-                  fmt(x.get("acceptance_macro")), fmt(x.get("position0_rate")), _x(x["speedup_decode"]),
-                  _x(x["speedup_e2e"]), _x(x["speedup_e2e_median_utt"])] for x in s]
+                  fmt(x.get("acceptance_macro")), fmt(x.get("position0_rate")), times(x["speedup_decode"]),
+                  times(x["speedup_e2e"]), times(x["speedup_e2e_median_utt"])] for x in s]
     return [
         "## Time per system", "",
-        *table(["system", "kind", "utts", "skipped", "audio s", "wall s", "RTF", "encoder s", "decode s",
+        *table(["system", "kind", "dtype", "utts", "skipped", "audio s", "wall s", "RTF", "encoder s", "decode s",
                 "draft s", "verify s", "other s"], time_rows),
         "`decode s` is the whole decode loop (draft + verify + prefill / plain greedy steps); "
         "`other s` = wall - encoder - decode (language detection, segmenting, Python glue).", "",
@@ -95,8 +103,8 @@ def _position_table(report: dict) -> list[str]:
 
 
 def _bins_table(report: dict) -> list[str]:
-    rows = [[b["bin"], b["system"], b["utterances"], fmt(b["audio_seconds"]), _x(b["speedup_decode"]),
-             _x(b["speedup_e2e"]), fmt(b["acceptance_micro"])] for b in report["length_bins"]]
+    rows = [[b["bin"], b["system"], b["utterances"], fmt(b["audio_seconds"]), times(b["speedup_decode"]),
+             times(b["speedup_e2e"]), fmt(b["acceptance_micro"])] for b in report["length_bins"]]
     return ["## By utterance length", "",
             *table(["length", "system", "utts", "audio s", "decode speedup", "e2e speedup", "tau micro"], rows)]
 
@@ -104,7 +112,7 @@ def _bins_table(report: dict) -> list[str]:
 def _pairwise_table(report: dict) -> list[str]:
     pw = report["pairwise_speedup"]
     names = list(pw)
-    rows = [[a, *[_x(pw[a][b]) for b in names]] for a in names]
+    rows = [[a, *[times(pw[a][b]) for b in names]] for a in names]
     return ["## Pairwise end-to-end speedup", "",
             "Row system vs column system: column wall seconds / row wall seconds, over the files both ran.", "",
             *table(["system", *names], rows)]

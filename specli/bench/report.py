@@ -18,10 +18,11 @@ from specli.engines.types import DecodeStats
 class SystemInfo:
     """One benchmarked system: a specli preset or a peer implementation."""
 
-    name: str  # preset name, or "hf" / "faster-whisper"
+    name: str  # preset name, or a peer spec ("hf", "faster-whisper:int8", ...)
     kind: str  # "preset" or "peer"
     model: str  # model name the system decodes with
     strategy: str = ""  # preset strategy ("ar", "chain", ...); "" for peers
+    dtype: str = ""  # dtype it ran in (presets: the resolved one; faster-whisper: compute type); "" unknown
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ def system_summary(info: SystemInfo, utts: Sequence[Utterance], base: Mapping[st
     encode, decode = _sum(utts, "encode_seconds"), _sum(utts, "decode_seconds")
     preset = info.kind == "preset"
     out = {
-        "system": info.name, "kind": info.kind, "model": info.model, "strategy": info.strategy,
+        "system": info.name, "kind": info.kind, "model": info.model, "strategy": info.strategy, "dtype": info.dtype,
         "utterances": len(utts), "audio_seconds": audio, "wall_seconds": wall, "rtf": ratio(wall, audio),
         "encode_seconds": encode if preset else None, "decode_seconds": decode if preset else None,
         "draft_seconds": _sum(utts, "draft_seconds") if preset else None,

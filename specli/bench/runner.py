@@ -20,7 +20,7 @@ import torch
 from specli.audio import SAMPLE_RATE, load_audio
 from specli.batch import discover
 from specli.bench import wer
-from specli.bench.peers import MAX_SHORT_FORM_SECONDS, PEERS, BenchError, FasterWhisperPeer, HFPeer, PeerCannot
+from specli.bench.peers import MAX_SHORT_FORM_SECONDS, BenchError, Peer, PeerCannot, make_peer, parse_peer
 from specli.bench.references import load_references
 from specli.bench.report import Bins, Run, Skip, SystemInfo, build_report
 from specli.bench.runlog import RunLog, read_runlog
@@ -44,7 +44,7 @@ class BenchOptions:
 
     presets: tuple[str, ...]  # preset names or TOML paths, in report order
     baseline: str | None = None  # preset the speedups are relative to; None = first AR preset
-    peers: tuple[str, ...] = ()  # "hf", "faster-whisper": same weights as the baseline, greedy
+    peers: tuple[str, ...] = ()  # "hf", "faster-whisper[:COMPUTE]", "faster-whisper-batched[:COMPUTE]" (peers.py)
     repeat: int = 3  # measured passes over the inputs
     warmup: bool = True  # one unrecorded pass first
     threads: int | None = None  # torch / CTranslate2 CPU threads; None = library default
@@ -52,15 +52,18 @@ class BenchOptions:
     timestamps: bool | None = None  # timestamp tokens, presets and peers alike; None = only on clips over 30 s
     device: str | None = None  # every preset on this device (auto, cpu, cuda, cuda:N); None = each preset's
     dtype: str | None = None  # every preset in this dtype (auto, float32, bfloat16, float16); None = each preset's
+    batch_sizes: tuple[int, ...] = ()  # throughput mode (specli.bench.throughput): these batch sizes; () = per file
 
     def __post_init__(self) -> None:
         if not self.presets:
             raise BenchError("give at least one preset")
         if self.repeat < 1:
             raise BenchError("repeat must be >= 1")
-        unknown = sorted(set(self.peers) - set(PEERS))
-        if unknown:
-            raise BenchError(f"unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
+        if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or min(self.batch_sizes, default=1) < 1:
+            raise BenchError("batch sizes must be positive integers in strictly ascending order")
+        names = [parse_peer(p).name for p in self.peers]  # BenchError on an unknown peer or compute type
+        if len(set(names)) < len(names):
+            raise BenchError(f"peer(s) given twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ class PresetSystem:
         self.topts = TranscribeOptions(language=opts.language, timestamps=False,
                                        decoding=DecodingOptions(temperatures=(0.0,)))
         self.timestamps = opts.timestamps
-        self.info = SystemInfo(preset.name, "preset", preset.model, preset.strategy)
+        self.info = SystemInfo(preset.name, "preset", preset.model, preset.strategy, preset.dtype)
         self._lang = opts.language or "en"
         self.decode = build_decoder(preset, model, self._lang)
 
@@ -115,9 +118,9 @@ class PresetSystem:
 class PeerSystem:
     """A peer implementation, timed around its whole transcription call."""
 
-    def __init__(self, peer: HFPeer | FasterWhisperPeer, model: str, timestamps: bool | None) -> None:
+    def __init__(self, peer: Peer, model: str, timestamps: bool | None) -> None:
         self.peer, self.timestamps = peer, timestamps
-        self.info = SystemInfo(peer.name, "peer", model)
+        self.info = SystemInfo(peer.name, "peer", model, dtype=peer.dtype)
 
     def new_pass(self) -> None:
         pass
@@ -161,8 +164,8 @@ def build_systems(opts: BenchOptions) -> tuple[list[PresetSystem | PeerSystem], 
         p = replace(p, dtype=dtype_name(model.target.dtype), device=str(model.target.device))
         systems.append(PresetSystem(p, model, opts))
     base = systems[0]
-    for name in opts.peers:
-        peer = HFPeer(base.model) if name == "hf" else FasterWhisperPeer(base.model, opts.threads)
+    for spec in opts.peers:
+        peer = make_peer(parse_peer(spec), base.model, opts.threads)
         systems.append(PeerSystem(peer, base.preset.model, opts.timestamps))
     return systems, baseline
 
@@ -271,7 +274,7 @@ def run_bench(inputs: Sequence[str], opts: BenchOptions, references: str | None 
     if not clips:
         raise BenchError("no readable audio among the inputs" + (": " + "; ".join(errors) if errors else ""))
     if references or opts.peers:  # before measuring: WER and the peers' text comparison need them
-        _require_scoring()
+        require_scoring()
     refs = load_references(references, [c.path for c in clips])
     systems, baseline = build_systems(opts)
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
@@ -286,7 +289,7 @@ def run_bench(inputs: Sequence[str], opts: BenchOptions, references: str | None 
     return assemble_report(header, runs, skips, refs, bins, round(time.perf_counter() - t0, 1))
 
 
-def _require_scoring() -> None:
+def require_scoring() -> None:
     try:
         wer.require()
     except wer.WerPackagesMissing as exc:
@@ -320,7 +323,7 @@ def report_from_runs(path: Path, references: str | None = None, bins: Bins | Non
         raise BenchError(f"{path}: no measured run in it")
     spec = references if references is not None else data.header.get("references")
     if spec or any(s.kind == "peer" for s in data.systems):
-        _require_scoring()
+        require_scoring()
     files = list(dict.fromkeys(r.file for r in data.runs))
     refs = load_references(spec, files)
     header = {**data.header, "references": spec}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from specli.bench.peers import PEERS
+from specli.bench.peers import COMPUTE_TYPES, PEERS, BenchError, parse_peer
 from specli.bench.render import write_report
 from specli.bench.report import Bins
 from specli.bench.runner import BenchOptions, report_from_runs, run_bench
@@ -18,6 +18,15 @@ RUNS_NAME = "runs.jsonl"
 
 def _csv(_ctx, _param, value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in (value or "").split(",") if v.strip())
+
+
+def _batch_sizes(_ctx, _param, value: str | None) -> tuple[int, ...]:
+    from specli.bench.throughput import parse_batch_sizes
+
+    try:
+        return parse_batch_sizes(value) if value is not None else ()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
@@ -37,7 +46,10 @@ def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--presets", callback=_csv, help="Comma-separated preset names or TOML files.")
 @click.option("--baseline", help="Preset name or TOML file the speedups are relative to "
               "(default: first AR preset, else whisper-base-ar).")
-@click.option("--peers", default="", callback=_csv, help=f"Comma-separated peers: {', '.join(PEERS)}.")
+@click.option("--peers", default="", callback=_csv,
+              help=f"Comma-separated peers: {', '.join(PEERS)}; a faster-whisper peer takes a CTranslate2 compute "
+              f"type after a colon ({', '.join(COMPUTE_TYPES)}), e.g. faster-whisper:int8  [default compute type: "
+              "the presets' dtype where CTranslate2 has it, else float32]")
 @click.option("--references", help="'sidecar' (.txt beside each clip) or a TSV manifest path<TAB>text.")
 @click.option("--repeat", type=click.IntRange(1), default=3, show_default=True, help="Measured passes.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="One unrecorded pass first.")
@@ -56,13 +68,19 @@ def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
               help=f"Measure nothing: build the report again from a {RUNS_NAME} an earlier run wrote.")
 @click.option("--device", help="Run every preset (and peer) on: auto, cpu, cuda, cuda:N (default: each preset's).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-              help="Every preset in this dtype (default: each preset's; auto = float32 on CPU, float16 on CUDA).")
+              help="Every preset in this dtype (default: each preset's, auto: bfloat16 on CPUs with native bf16 "
+              "(AVX512-BF16 / AMX), float32 on other CPUs, float16 on CUDA).")
+@click.option("--batch-sizes", "batch_sizes", callback=_batch_sizes, metavar="N,N,...",
+              help="Throughput mode: every system transcribes the whole input set at each batch size (e.g. "
+              "1,2,4,8,16); reports audio seconds per wall second and speedup vs AR.")
 def bench(inputs, presets, baseline, peers, references, repeat, warmup, threads, language, timestamps, bins,
-          plots, out, quiet, from_runs, device, dtype) -> None:
+          plots, out, quiet, from_runs, device, dtype, batch_sizes) -> None:
     """Speedup report of presets (and peers) against a baseline on the same inputs, interleaved.
 
     Every measured run is written to OUT/runs.jsonl as it finishes, before the report is built."""
     if from_runs is not None:
+        if batch_sizes:
+            raise click.UsageError("--from-runs rebuilds a per-file report; it takes no --batch-sizes")
         report = report_from_runs(from_runs, references, None if bins is None else Bins(bins))
         _finish(report, out, plots)
         return
@@ -71,22 +89,41 @@ def bench(inputs, presets, baseline, peers, references, repeat, warmup, threads,
     if not presets:
         raise click.UsageError("missing option '--presets'")
     if _synthesis_presets(presets):
+        if batch_sizes:
+            raise click.UsageError("--batch-sizes measures transcription presets, not synthesis presets")
         _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out, quiet)
         return
     for p in peers:
-        if p not in PEERS:
-            raise click.BadParameter(f"unknown peer {p!r}; choose from {', '.join(PEERS)}", param_hint="--peers")
+        try:
+            parse_peer(p)
+        except BenchError as exc:
+            raise click.BadParameter(str(exc), param_hint="--peers") from None
     opts = BenchOptions(tuple(presets), baseline, tuple(peers), repeat, warmup, threads, language, timestamps,
-                        device, dtype)
+                        device, dtype, batch_sizes)
     progress = None if quiet else (lambda line: click.echo(line, err=True))
     argv = (sys.argv if Path(sys.argv[0]).name == "specli"
             else ["specli", "bench", *inputs, "--presets", ",".join(presets)])
     command = shlex.join(["specli", *argv[1:]])
+    if batch_sizes:
+        _bench_throughput(inputs, opts, references, progress, command, out)
+        return
     runs_path = out / RUNS_NAME
     edges = Bins() if bins is None else Bins(bins)
     report = run_bench(inputs, opts, references, edges, progress, command, runs_path,
                        warn=lambda line: click.echo(f"warning: {line}", err=True))
     _finish(report, out, plots, runs_path)
+
+
+def _bench_throughput(inputs, opts: BenchOptions, references, progress, command: str, out: Path) -> None:
+    """--batch-sizes: whole-set throughput per (system, batch size); report.json and report.md."""
+    from specli.bench.throughput import run_throughput, write_throughput_report
+
+    report = run_throughput(inputs, opts, references, progress, command)
+    written = write_throughput_report(report, out)
+    for row in report["throughput"]:
+        click.echo(f"{row['system']:32s} batch {row['batch_size']:3d}  {row['throughput']:7.2f} audio s/s  "
+                   f"{row['speedup_vs_ar']:.2f}x vs AR b=1", err=True)
+    click.echo(f"wrote {', '.join(str(p) for p in written)}", err=True)
 
 
 def _synthesis_presets(presets: tuple[str, ...]) -> bool:

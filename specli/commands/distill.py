@@ -20,12 +20,12 @@ def distill() -> None:
     DSpark / DFlash / EAGLE-3 drafter (synthesis presets, e.g. cosyvoice3-ar)."""
 
 
-def _load_target(preset_name: str):
+def _load_target(preset_name: str, dtype: str | None = None):
     from specli.engines.targets.loader import load_whisper
     from specli.presets import load_preset
 
     preset = load_preset(preset_name)
-    return load_whisper(preset.model, preset.dtype)
+    return load_whisper(preset.model, dtype or preset.dtype)
 
 
 @distill.command("data")
@@ -35,6 +35,11 @@ def _load_target(preset_name: str):
               help="Shard directory (resumable: inputs in its manifest are skipped).")
 @click.option("--timestamps/--no-timestamps", default=True, show_default=True,
               help="Decode as `transcribe` does with / without timestamp tokens.")
+@click.option("--task", type=click.Choice(["transcribe", "translate"]), default="transcribe", show_default=True,
+              help="Whisper presets: label with the target's own transcribe or translate (X -> English) decode.")
+@click.option("--language", help="Whisper presets: the audio's language code or name (omit: detected per file).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+              help="Whisper presets: the target's dtype while labelling (default: the preset's).")
 @click.option("--text", "texts", multiple=True, help="Synthesis presets: an utterance to speak (repeatable).")
 @click.option("--model", help="Synthesis presets: cosyvoice2, cosyvoice3 or a checkpoint directory.")
 @click.option("--sampler", type=click.Choice(["ras", "vllm", "greedy"]),
@@ -45,7 +50,8 @@ def _load_target(preset_name: str):
 @click.option("--per-shard", type=click.IntRange(1), default=16, show_default=True,
               help="Synthesis presets: utterances per shard.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-file progress lines on stderr.")
-def data(inputs, preset_name, out, timestamps, texts, model, sampler, seed, aux_layers, per_shard, quiet) -> None:
+def data(inputs, preset_name, out, timestamps, task, language, dtype, texts, model, sampler, seed, aux_layers,
+         per_shard, quiet) -> None:
     """Label INPUTS on-policy with the target and store training shards: audio files transcribed greedily
     (Whisper presets), or utterances (text files, *.jsonl, '-', --text) sampled at the deployment
     sampler, keeping only sequences that end in eos (synthesis presets)."""
@@ -58,16 +64,23 @@ def data(inputs, preset_name, out, timestamps, texts, model, sampler, seed, aux_
         raise click.UsageError("give audio files or directories")
     from specli.batch import discover
     from specli.distill.data import generate
+    from specli.engines.language import check_model_name, check_model_support, normalize_language
     from specli.engines.transcription import TranscribeOptions
+    from specli.presets import load_preset
 
+    language = normalize_language(language)
+    preset = load_preset(preset_name)
+    check_model_name(preset.model, task, language)  # an English-only target cannot translate: exit 2 first
     found, bad = discover(inputs)
     for outcome in bad:
         click.echo(f"error: {outcome.error}", err=True)
     if not found:
         raise SpecliError("no audio input")
-    model = _load_target(preset_name)
+    model = _load_target(preset_name, dtype)
+    check_model_support(model.special, preset.model, task, language)
     progress = None if quiet else (lambda msg, done, total: click.echo(f"[{done}/{total}] {msg}", err=True))
-    summary = generate([f for f, _root in found], model, out, progress, TranscribeOptions(timestamps=timestamps))
+    opts = TranscribeOptions(task=task, language=language, timestamps=timestamps)
+    summary = generate([f for f, _root in found], model, out, progress, opts)
     click.echo(f"{summary.done} file(s), {summary.windows} window(s) written; {summary.skipped} already done "
                f"-> {out}", err=True)
 
@@ -78,8 +91,13 @@ def data(inputs, preset_name, out, timestamps, texts, model, sampler, seed, aux_
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Head directory (checkpoints under OUT/checkpoints; resumes). Default: eagle-head, or "
               "<drafter>-drafter for synthesis presets.")
-@click.option("--val", "val_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Held-out shard directory (other sources) for the acceptance length each epoch.")
+@click.option("--val", "val_dirs", multiple=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Held-out shard directory (other sources) for the acceptance length each epoch; repeatable "
+              "(EAGLE heads: windows taken in turn from each, e.g. one directory per language and task).")
+@click.option("--val-windows", type=click.IntRange(1), default=16, show_default=True,
+              help="EAGLE heads: held-out windows decoded per validation.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+              help="EAGLE heads: the target's dtype (default: the preset's; the labels' dtype validates losslessly).")
 @click.option("--epochs", type=click.IntRange(1), help="Passes over the data (default 1; synthesis presets 10).")
 @click.option("--steps", type=click.IntRange(0), default=0, show_default=True, help="Stop after N steps (0 = none).")
 @click.option("--lr", type=click.FloatRange(0, min_open=True), default=3e-4, show_default=True)
@@ -88,6 +106,10 @@ def data(inputs, preset_name, out, timestamps, texts, model, sampler, seed, aux_
 @click.option("--val-every", type=click.IntRange(1), default=1, show_default=True, help="Validate every N epochs.")
 @click.option("--draft-vocab", type=click.IntRange(0), default=8192, show_default=True,
               help="Rows of the head's vocabulary (most frequent in the data + specials; 0 = all).")
+@click.option("--feature-noise", type=click.FloatRange(0), default=0.05, show_default=True,
+              help="EAGLE heads: Gaussian noise on the target's states while training, times their RMS (0 = off).")
+@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+              help="EAGLE heads: dropout on the head block's input while training (0 = off; inference unchanged).")
 @click.option("--drafter", type=click.Choice(["dspark", "dflash", "eagle3"]), default="dspark", show_default=True,
               help="Synthesis presets: the drafter trained.")
 @click.option("--model", help="Synthesis presets: cosyvoice2, cosyvoice3 or a checkpoint directory.")
@@ -98,13 +120,17 @@ def data(inputs, preset_name, out, timestamps, texts, model, sampler, seed, aux_
               help="Synthesis presets: anchors per sequence per step (DSpark, DFlash).")
 @click.option("--markov-rank", type=click.IntRange(0), default=256, show_default=True, help="DSpark Markov head rank.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-step progress lines on stderr.")
-def train(data_dirs, preset_name, out, val_dir, epochs, steps, lr, batch, checkpoint_every, val_every, draft_vocab,
-          drafter, model, layers, block, anchors, markov_rank, quiet) -> None:
+def train(data_dirs, preset_name, out, val_dirs, val_windows, dtype, epochs, steps, lr, batch, checkpoint_every,
+          val_every, draft_vocab, feature_noise, dropout, drafter, model, layers, block, anchors, markov_rank,
+          quiet) -> None:
     """Train a drafter on the shards of DATA_DIRS and save it to OUT: an EAGLE Speech-Draft head (Whisper
     presets; unrolled K=7, beta=0.8) or a DSpark / DFlash / EAGLE-3 drafter (synthesis presets)."""
     from specli.commands.distill_speech import is_speech_preset, run_speech_train
 
     if is_speech_preset(preset_name):
+        if len(val_dirs) > 1:
+            raise click.UsageError("synthesis presets take one --val directory")
+        val_dir = val_dirs[0] if val_dirs else None
         run_speech_train(data_dirs, preset_name, out, val_dir, model, quiet, drafter=drafter, layers=layers,
                          block=block, draft_vocab=draft_vocab, markov_rank=markov_rank, epochs=epochs or 10,
                          steps=steps, lr=lr, batch=batch, anchors=anchors, checkpoint_every=checkpoint_every,
@@ -116,12 +142,49 @@ def train(data_dirs, preset_name, out, val_dir, epochs, steps, lr, batch, checkp
     from specli.distill.train import TrainOptions
     from specli.distill.train import train as run_train
 
-    model = _load_target(preset_name)
+    model = _load_target(preset_name, dtype)
     opts = TrainOptions(epochs=epochs, steps=steps, lr=lr, batch=batch, checkpoint_every=checkpoint_every,
-                        draft_vocab=draft_vocab, val_every=val_every)
-    val = load_windows(val_dir) if val_dir else None
+                        draft_vocab=draft_vocab, val_every=val_every, feature_noise=feature_noise, dropout=dropout,
+                        val_windows=val_windows)
+    val = interleave([load_windows(d) for d in val_dirs]) if val_dirs else None
     run_training(lambda progress: run_train([w for d in data_dirs for w in load_windows(d)], model, out, opts,
                                             val, progress), quiet)
+
+
+@distill.command("eval")
+@click.argument("val_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--preset", "preset_name", required=True, help="Whisper preset whose model is the target.")
+@click.option("--head", help="EAGLE head directory or shipped name (default: the preset's head).")
+@click.option("--windows", type=click.IntRange(1), default=16, show_default=True, help="Windows decoded per directory.")
+@click.option("--max-draft", type=click.IntRange(1, 24), default=8, show_default=True, help="Draft length (chain).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+              help="The target's dtype (default: the preset's; use the labels' dtype for 0 mismatches).")
+def evaluate(val_dirs, preset_name, head, windows, max_draft, dtype) -> None:
+    """Acceptance length of an EAGLE head on each of VAL_DIRS (`distill data` shards, e.g. one per language
+    and task): real greedy speculative decoding of the first WINDOWS windows against the target. Prints a
+    tab-separated line per directory: directory, windows, acceptance length, windows whose greedy decode differs
+    from their labels (labels kept from a temperature fallback, or made at another dtype; the speculative
+    decode itself is lossless)."""
+    from specli.distill.data import load_windows
+    from specli.distill.train import validate
+    from specli.engines.drafters.eagle import load_head
+    from specli.presets import load_preset
+
+    head = head or load_preset(preset_name).head
+    if not head:
+        raise click.UsageError(f"preset {preset_name!r} has no EAGLE head: give --head")
+    model = _load_target(preset_name, dtype)
+    drafter = load_head(head, model.target)
+    click.echo("directory\twindows\tacceptance\tmismatched")
+    for d in val_dirs:
+        wins = load_windows(d)[:windows]
+        acc, bad = validate(drafter, model, wins, max_draft)
+        click.echo(f"{d}\t{len(wins)}\t{acc:.3f}\t{bad}")
+
+
+def interleave(groups: list[list]) -> list:
+    """The items of ``groups`` taken in turn (first of each, then second of each...)."""
+    return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
 
 
 def run_training(train_fn: Callable[[Callable[[str], None] | None], TrainSummary], quiet: bool) -> None:

@@ -14,8 +14,9 @@ from specli.commands.synthesize_audio import OutcomeTally, run_audio
 from specli.engines.synthesis import load_synthesizer
 from specli.errors import PresetError
 from specli.presets.synthesis import load_synthesis_preset
-from specli.speech_audio import AudioOptions
-from specli.speech_batch import SpeechOutcome, read_items, result_record, run_synthesis
+from specli.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
+from specli.speech_audio import AudioOptions, AudioOutcome, audio_path, audio_record
+from specli.speech_batch import SpeechOutcome, read_items, result_record, run_synthesis, tokens_path
 
 
 def _default_preset(model: str | None) -> str:
@@ -37,7 +38,13 @@ def _default_preset(model: str | None) -> str:
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed; each utterance's from (seed, id).")
 @click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("."))
 @click.option("--jsonl", type=click.Choice(["-"]), help="Also print one JSON record per utterance to stdout.")
+@click.option("--run-manifest", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JSONL line per input line (status, output, error) and a summary line here (default under "
+                   f"torchrun / accelerate launch: OUTPUT_DIR/{DEFAULT_MANIFEST}, by rank 0).")
 @click.option("--overwrite", is_flag=True, help="Redo utterances whose output (<id>.npy, .wav or .flac) exists.")
+@click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
+              help="Utterances decoded together (continuous batching): the same tokens as at 1 but for float "
+                   "near-ties; --format npy only.")
 @click.option("--threads", type=click.IntRange(1), help="CPU threads for torch (default: torch's choice).")
 @click.option("--device", help="auto (CUDA when available), cpu, cuda or cuda:N (default: the preset's, auto).")
 @click.option("--progress/--no-progress", default=None, help="A line per utterance on stderr (default: on a terminal).")
@@ -50,8 +57,8 @@ def _default_preset(model: str | None) -> str:
                                     "when absent).")
 @click.option("--speaker", help="A stored speaker of the model's spk2info.pt (instead of --prompt-wav).")
 def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed,
-               output_dir, jsonl, overwrite, threads, device, progress, fmt, sample_rate, prompt_wav, prompt_text,
-               speaker) -> None:
+               output_dir, jsonl, run_manifest, overwrite, batch_size, threads, device, progress, fmt, sample_rate,
+               prompt_wav, prompt_text, speaker) -> None:
     """Speech tokens or audio for text: INPUTS are text files (one utterance a line), '-' (stdin) or JSONL
     manifests (*.jsonl: {"id", "text", "prompt_text", "prompt_tokens", "prompt_wav"}); writes OUTPUT_DIR/<id>.npy, or
     <id>.wav / <id>.flac with --format. No text normalisation is applied (the text is spoken as written)."""
@@ -59,6 +66,10 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
         raise click.UsageError("give text files, '-', a *.jsonl manifest or --text")
     if fmt == "npy" and (prompt_wav or prompt_text or speaker or sample_rate != 24000):
         raise click.UsageError("--prompt-wav, --prompt-text, --speaker and --sample-rate need --format wav or flac")
+    if batch_size > 1 and fmt != "npy":
+        raise click.UsageError("--batch-size > 1 needs --format npy (audio output renders one utterance at a time)")
+    if "-" in inputs and launched_world_size() > 1:  # every rank would read its own part of stdin
+        raise click.UsageError("'-' (text on stdin) cannot be split between processes: give text files or --text")
     if threads:
         torch.set_num_threads(threads)
     p = load_synthesis_preset(preset or _default_preset(model))
@@ -68,20 +79,52 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
     except ValueError as exc:  # sampler settings that do not fit the sampler
         raise PresetError(str(exc)) from exc
     items = read_items(inputs, texts, sys.stdin if "-" in inputs else None)
-    show = sys.stderr.isatty() if progress is None else progress
+    run = ShardedRun.start([it.where for it in items], run_manifest, output_dir)  # torchrun: this rank's share
+    items = run.take(items)
+    show = (sys.stderr.isatty() if progress is None else progress) and run.shard.rank == 0
     tally = OutcomeTally()
+    own_jsonl = bool(jsonl) and not run.shard.distributed  # a distributed run's records are printed by rank 0
 
     def report(out: SpeechOutcome) -> None:
         if not tally.produced(out):
             return
         if show:
             click.echo(f"[{tally.done}/{len(items)}] {out.id}: {len(out.result.tokens)} tokens", err=True)
-        if jsonl:
+        if own_jsonl:
             click.echo(json.dumps(result_record(out.result), ensure_ascii=False))
 
     if fmt != "npy":
         options = AudioOptions(fmt, sample_rate, seed)
-        return run_audio(synth, items, output_dir, options, prompt_wav, prompt_text, speaker, overwrite, bool(jsonl),
-                         show)
-    run_synthesis(synth, items, output_dir, overwrite, report)
-    tally.finish()
+        outcomes = run_audio(synth, items, output_dir, options, prompt_wav, prompt_text, speaker, overwrite, own_jsonl,
+                             show, tally)
+    else:
+        outcomes = run_synthesis(synth, items, output_dir, overwrite, report, batch_size)
+    for out in outcomes:
+        run.add(_row(out, fmt, output_dir, bool(jsonl) and run.shard.distributed))
+    _finish(run, tally)
+
+
+def _row(out: SpeechOutcome | AudioOutcome, fmt: str, output_dir: Path, with_record: bool) -> dict:
+    """The run-manifest row of one input line (``specli.sharding``); its JSON record too when ``with_record``."""
+    status = "failed" if out.error else "skipped" if out.skipped else "ok"
+    path = tokens_path(output_dir, out.id) if fmt == "npy" else audio_path(output_dir, out.id, fmt)
+    row = {"input": out.where, "id": out.id, "status": status, "outputs": [] if out.error else [str(path)],
+           "error": out.error or None, "tokens": len(out.result.tokens) if out.result else 0}
+    if isinstance(out, AudioOutcome) and out.audio is not None:
+        row["audio_seconds"] = out.audio.duration
+    if with_record and status == "ok":
+        row["record"] = audio_record(out) if isinstance(out, AudioOutcome) else result_record(out.result)
+    return row
+
+
+def _finish(run: ShardedRun, tally: OutcomeTally) -> None:
+    """Gather a distributed run (rank 0: manifest, records, totals), then the summary line; every rank exits 1
+    when any rank had a failure."""
+    report = run.finish()
+    for record in report.records if run.shard.rank == 0 else ():
+        click.echo(json.dumps(record, ensure_ascii=False))
+    for line in report_lines(report, run.shard):
+        click.echo(line, err=True)
+    tally.finish(f"rank {run.shard.rank}: " * run.shard.distributed)
+    if report.exit_code:
+        raise SystemExit(1)

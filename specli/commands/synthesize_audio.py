@@ -35,10 +35,10 @@ class OutcomeTally:
         self.counts["ok"] += 1
         return True
 
-    def finish(self) -> None:
-        """Echo the summary line; exit 1 when any utterance failed."""
+    def finish(self, prefix: str = "") -> None:
+        """Echo the summary line (after ``prefix``); exit 1 when any utterance failed."""
         c = self.counts
-        click.echo(f"utterances: {c['ok']} ok, {c['failed']} failed, {c['skipped']} skipped; "
+        click.echo(f"{prefix}utterances: {c['ok']} ok, {c['failed']} failed, {c['skipped']} skipped; "
                    f"wall {time.perf_counter() - self.t0:.1f} s", err=True)
         if c["failed"]:
             raise SystemExit(1)
@@ -46,12 +46,12 @@ class OutcomeTally:
 
 def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, options: AudioOptions,
               prompt_wav: str | None, prompt_text: str | None, speaker: str | None, overwrite: bool,
-              jsonl: bool, show: bool) -> None:
-    """Load flow + HiFT, prepare the voice (before any output), then render every item; exit 1 on failures."""
+              jsonl: bool, show: bool, tally: OutcomeTally) -> list[AudioOutcome]:
+    """Load flow + HiFT, prepare the voice (before any output), then render every item into ``tally`` (the
+    caller ends it with ``tally.finish()``: exit 1 on failures)."""
     model = synth.model
     vocalizer = Vocalizer.from_dir(model.path, model.spec.kind, model.lm.qwen.device)
     voice = prepare_voice(vocalizer, prompt_wav, prompt_text, speaker)
-    tally = OutcomeTally()
 
     def report(out: AudioOutcome) -> None:
         if not tally.produced(out):
@@ -64,5 +64,4 @@ def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, opt
         if jsonl:
             click.echo(json.dumps(rec, ensure_ascii=False))
 
-    run_audio_synthesis(synth, vocalizer, items, output_dir, options, voice, overwrite, report)
-    tally.finish()
+    return run_audio_synthesis(synth, vocalizer, items, output_dir, options, voice, overwrite, report)

@@ -18,7 +18,7 @@ import click
 import torch
 
 from specli.audio import audio_duration
-from specli.batch import discover, plan_outputs, run_batch, text_settings
+from specli.batch import batch_size_for, discover, plan_outputs, run_batch, text_settings
 from specli.commands.decoding_flags import DECODING_FLAGS, decoding_options
 from specli.engines.language import check_model_name, check_model_support, normalize_language
 from specli.engines.strategies import Engine, load_engine
@@ -26,6 +26,7 @@ from specli.engines.transcription import TranscribeOptions
 from specli.errors import AudioError
 from specli.presets import DEFAULT_PRESET, Preset, load_preset
 from specli.progress import BatchProgress, RunSummary
+from specli.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
 from specli.vad import VadOptions, load_vad
 from specli.engines.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from specli.writers import FORMATS, SubtitleOptions
@@ -41,15 +42,24 @@ OPTIONS = [
     click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path(".")),
     click.option("--output-format", "-f", type=click.Choice([*FORMATS, "all"]), default="txt", show_default=True),
     click.option("--jsonl", "jsonl", type=click.Choice(["-"]), help="Also print one JSON record per file to stdout."),
+    click.option("--run-manifest", type=click.Path(dir_okay=False, path_type=Path),
+                 help="Write a JSONL line per input (status, outputs, error) and a summary line here (default under "
+                      f"torchrun / accelerate launch: OUTPUT_DIR/{DEFAULT_MANIFEST}, by rank 0)."),
     click.option("--overwrite", is_flag=True,
                  help="Always redo inputs whose outputs exist (default: only those made with other settings)."),
     click.option("--skip-existing", is_flag=True,
                  help="Keep existing outputs even when they were made with other settings."),
     click.option("--fail-fast", is_flag=True, help="Stop at the first failed input."),
     click.option("--threads", type=click.IntRange(1), help="CPU threads for torch (default: torch's choice)."),
+    click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
+                 help="Files transcribed together (continuous batching: windows of several files share encoder "
+                      "calls and greedy decoder steps; a finished file makes room for the next). Outputs and resume "
+                      "are as at 1, up to rare near-tie flips; temperature fallbacks, best-of and beam search run "
+                      "per file. A preset whose drafter cannot batch runs at 1 (with a warning)."),
     click.option("--device", help="auto (CUDA when available), cpu, cuda or cuda:N (default: the preset's, auto)."),
     click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-                 help="Override the preset's dtype (auto: float32 on CPU, float16 on CUDA)."),
+                 help="Override the preset's dtype (auto: bfloat16 on CPUs with native bf16 (AVX512-BF16 / AMX), "
+                 "float32 on other CPUs, float16 on CUDA)."),
     click.option("--timestamps/--no-timestamps", default=True, show_default=True),
     click.option("--compile-encoder", is_flag=True, help="torch.compile the encoder (tens of seconds once)."),
     click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when a terminal)."),
@@ -126,6 +136,8 @@ def _text_settings(preset: Preset, opts: TranscribeOptions, kw: dict) -> dict:
 
 def _read_inputs(inputs: tuple[str, ...]) -> list[str]:
     paths = [i for i in inputs if i != "-"]
+    if "-" in inputs and launched_world_size() > 1:  # every rank would read its own part of stdin
+        raise click.UsageError("'-' (paths on stdin) cannot be split between processes: give files or directories")
     if "-" in inputs:
         paths += [line.strip() for line in sys.stdin if line.strip()]
     return paths
@@ -177,27 +189,77 @@ def _run(task: str, kw: dict) -> None:
     _check_output_dir(kw["output_dir"])  # a usage error before the model loads; nothing is created here
     if vad is not None:
         load_vad()  # a missing VAD model fails (exit 3) before the Whisper model loads
+    run, bad, items = _shard(kw, bad, items)  # under torchrun / accelerate launch: this rank's share
     engine = _load(task, kw, p, language)
     summary = RunSummary()
     try:
         with BatchProgress(len(items), sum(_safe_duration(i.path) for i in items), kw["progress"]) as bar:
+            in_flight = _InFlight(bar)
             outcomes = run_batch(engine.model, items, opts, formats, decode=engine.decode,
-                                 on_window=lambda _p, s: bar.window(s),
+                                 on_window=in_flight.window,
                                  settings=_text_settings(engine.preset, opts, kw), mode=mode,
                                  on_redo=lambda path, why: bar.message(f"redoing {path}: {why}"), vad=vad,
-                                 subtitles=subtitles)
+                                 subtitles=subtitles, batch_size=_batch_size(kw, engine))
             for outcome in itertools.chain(bad, outcomes):
+                in_flight.done(outcome.path)
                 summary.add(outcome)
-                _report(outcome, bar, kw["jsonl"])
+                run.add(_row(outcome, bool(kw["jsonl"]) and run.shard.distributed))
+                _report(outcome, bar, None if run.shard.distributed else kw["jsonl"])
                 if outcome.error and kw["fail_fast"]:
                     break
     except KeyboardInterrupt:
         summary.interrupted = True
         click.echo(summary.line(), err=True)
         raise SystemExit(EXIT_INTERRUPTED) from None
-    click.echo(summary.line(), err=True)
-    if summary.failed:
+    click.echo(f"rank {run.shard.rank}: " * run.shard.distributed + summary.line(), err=True)
+    report = run.finish()  # a distributed run: every rank's rows, manifest by rank 0; the same report everywhere
+    for record in report.records if run.shard.rank == 0 else ():
+        click.echo(json.dumps(record, ensure_ascii=False))
+    for line in report_lines(report, run.shard):
+        click.echo(line, err=True)
+    if summary.failed or report.exit_code:
         raise SystemExit(1)
+
+
+def _shard(kw: dict, bad: list, items: list) -> tuple[ShardedRun, list, list]:
+    """Join a torchrun / accelerate launch (``specli.sharding``) and keep this rank's share of the inputs
+    (without a launcher, every input); only rank 0 draws a progress bar."""
+    run = ShardedRun.start([str(x.path) for x in [*bad, *items]], kw["run_manifest"], kw["output_dir"])
+    if run.shard.rank != 0:
+        kw["progress"] = False
+    n = len(bad)  # the inputs that hold no audio come first, as they are reported
+    return run, [bad[i] for i in run.mine if i < n], [items[i - n] for i in run.mine if i >= n]
+
+
+def _row(outcome, with_record: bool) -> dict:
+    """The run-manifest row of one outcome (``specli.sharding``); its JSON record too when ``with_record``."""
+    status = "failed" if outcome.error else "skipped" if outcome.skipped else "ok"
+    row = {"input": str(outcome.path), "status": status, "outputs": [str(o) for o in outcome.outputs],
+           "error": outcome.error, "audio_seconds": outcome.result.stats.audio_seconds if outcome.result else 0.0}
+    return {**row, "record": outcome.record} if with_record else row
+
+
+def _batch_size(kw: dict, engine: Engine) -> int:
+    """--batch-size, or 1 with a warning when the preset's decoding cannot run batched."""
+    size, why = batch_size_for(engine.model, engine.decode, kw["batch_size"])
+    if why:
+        click.echo(f"warning: --batch-size {kw['batch_size']} runs as 1 with preset {engine.preset.name}: {why}",
+                   err=True)
+    return size
+
+
+class _InFlight:
+    """Seconds done in each file being transcribed (several at --batch-size N), summed on the bar."""
+
+    def __init__(self, bar: BatchProgress) -> None:
+        self.bar, self.seconds = bar, {}
+
+    def window(self, path: Path, seconds: float) -> None:
+        self.seconds[path] = seconds
+        self.bar.window(sum(self.seconds.values()))
+
+    def done(self, path: Path) -> None:
+        self.seconds.pop(path, None)
 
 
 def _report(outcome, bar: BatchProgress, jsonl: str | None) -> None:

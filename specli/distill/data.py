@@ -122,8 +122,9 @@ def generate(
     inputs: Sequence[Path], model: WhisperModel, out: Path, progress: Progress | None = None,
     options: TranscribeOptions = TranscribeOptions(),
 ) -> DataSummary:
-    """Write one shard per input not yet in ``out``'s manifest (transcribed with ``options``, as
-    inference would); the manifest is updated after each."""
+    """Write one shard per input not yet in ``out``'s manifest (decoded with ``options`` as inference
+    would: task, language, timestamps); the manifest is updated after each and records each input's
+    task, timestamp mode and language."""
     out.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out, model)
     done = skipped = windows = 0
@@ -133,7 +134,8 @@ def generate(
             skipped += 1
             continue
         records = file_records(model, Path(path), options)
-        shard = add_shard(out, manifest, key, records)
+        shard = add_shard(out, manifest, key, records, task=options.task, timestamps=options.timestamps,
+                          language=options.language)
         done += 1
         windows += len(records)
         if progress is not None:

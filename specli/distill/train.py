@@ -56,8 +56,14 @@ class TrainOptions:
     warmup: int = 50  # optimizer steps of linear learning-rate warm-up (from the step count: resumable)
     # with a step budget the rate then decays along a cosine to lr / 10 at ``steps``
     draft_vocab: int = 8192  # rows of the head's draft vocabulary, most frequent first (0 = whole vocabulary)
+    feature_noise: float = 0.05  # Gaussian noise on the target's low/mid/last states, std relative to each row's RMS
+    dropout: float = 0.1  # dropout on the block's input at every unrolled step (training only; inference unchanged)
 
     def __post_init__(self) -> None:
+        if not self.feature_noise >= 0.0:
+            raise ValueError("feature_noise must be >= 0")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError("dropout must be within [0, 1)")
         if self.draft_vocab < 0:
             raise ValueError("draft_vocab must be >= 0")
         if self.val_every < 1:
@@ -129,16 +135,36 @@ def make_batch(windows: list[dict], unroll: int, max_starts: int, gen: torch.Gen
     return Batch(low, mid, last, tokens, positions, labels, audio)
 
 
-def unrolled_loss(head: SpeechDraftHead, batch: Batch, beta: float) -> tuple[torch.Tensor, list[float]]:
-    """``sum_k beta**(k-1) * CE_k`` over ``K`` unrolled steps, and each step's CE."""
+def noisy(h: torch.Tensor, std: float, gen: torch.Generator | None = None) -> torch.Tensor:
+    """``h [..., d]`` plus Gaussian noise of ``std`` times each row's RMS (``h`` itself when ``std`` is 0)."""
+    if not std:
+        return h
+    rms = h.float().pow(2).mean(-1, keepdim=True).sqrt()
+    return h + std * rms * torch.randn(h.shape, generator=gen, dtype=h.dtype, device=h.device)
+
+
+def dropped(x: torch.Tensor, p: float, gen: torch.Generator | None = None) -> torch.Tensor:
+    """Inverted dropout of ``x`` with probability ``p`` (seeded by ``gen``; ``x`` itself when ``p`` is 0)."""
+    if not p:
+        return x
+    keep = torch.rand(x.shape, generator=gen, device=x.device) >= p
+    return x * keep.to(x.dtype) / (1.0 - p)
+
+
+def unrolled_loss(head: SpeechDraftHead, batch: Batch, beta: float, feature_noise: float = 0.0, dropout: float = 0.0,
+                  gen: torch.Generator | None = None) -> tuple[torch.Tensor, list[float]]:
+    """``sum_k beta**(k-1) * CE_k`` over ``K`` unrolled steps, and each step's CE. Regularisers (training
+    only, both 0 = off): ``feature_noise`` perturbs the target's states (relative Gaussian noise, as the head
+    will meet states of audio it never saw), ``dropout`` drops the block's input at every step."""
     cross = head.cross_kv(batch.audio)
-    x = head.first_input(batch.low, batch.mid, batch.last, batch.tokens[..., 0], batch.positions[..., 0])
+    low, mid, last = (noisy(h, feature_noise, gen) for h in (batch.low, batch.mid, batch.last))
+    x = head.first_input(low, mid, last, batch.tokens[..., 0], batch.positions[..., 0])
     past: tuple[torch.Tensor, torch.Tensor] | None = None
     total = torch.zeros(())
     per_step: list[float] = []
     unroll = batch.tokens.shape[-1]
     for k in range(unroll):
-        out, kk, vv = head.block(x, past, cross)
+        out, kk, vv = head.block(dropped(x, dropout, gen), past, cross)
         past = (kk, vv) if past is None else (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2))
         labels = batch.labels[..., k]
         labels = torch.where(labels >= 0, head.to_draft[labels.clamp(min=0)], -100)  # draft rows
@@ -257,6 +283,7 @@ def _resume(ckpt_dir: Path, model: WhisperModel, windows: list[dict], options: T
 def _training_info(opts: TrainOptions, step: int, loss: float, val: float | None, n_windows: int) -> dict:
     return {"steps": step, "epochs": opts.epochs, "lr": opts.lr, "batch": opts.batch, "unroll": opts.unroll,
             "beta": opts.beta, "max_starts": opts.max_starts, "draft_vocab": opts.draft_vocab,
+            "feature_noise": opts.feature_noise, "dropout": opts.dropout,
             "last_loss": loss, "val_acceptance": val,
             "train_windows": n_windows}
 
@@ -287,7 +314,7 @@ def train(
             batch = make_batch([windows[j] for j in idx], options.unroll, options.max_starts, gen)
             for group in opt.param_groups:
                 group["lr"] = learning_rate(options, step)
-            loss, per_step = unrolled_loss(head, batch, options.beta)
+            loss, per_step = unrolled_loss(head, batch, options.beta, options.feature_noise, options.dropout, gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), options.clip)

@@ -14,7 +14,7 @@ first decode failed is skipped at once, instead of keeping a sample drawn over s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 
 import torch
@@ -199,6 +199,72 @@ def decode_attempt(
     return best, stats
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One decode of a window at one temperature, asked for by :func:`fallback_steps`; the driver
+    answers with ``(DecodeResult, DecodeStats)`` (:func:`decode_attempt` on the window's state, or a
+    batched decoder for a plain greedy attempt)."""
+
+    prompt: list[int]  # prompt tokens (the decoder prefills all but the last)
+    rules: LogitRules  # the window's logit rules
+    eot: int  # end-of-text token
+    max_new_tokens: int  # tokens decoded at most
+    no_speech: int | None  # <|nospeech|> token, read at ``sot_index``
+    sot_index: int  # position of <|startoftranscript|> in ``prompt``
+    options: DecodingOptions  # one temperature (``options.temperature``)
+    method: DecodeMethod  # plain or speculative
+    generator: torch.Generator | None  # the file's random source (sampling)
+
+    @property
+    def greedy(self) -> bool:
+        """A single greedy (or speculative greedy) decode: no beam, no sampling."""
+        beam = self.options.beam_size is not None and self.options.beam_size > 1
+        return self.options.temperature == 0.0 and not beam
+
+
+def run_attempt(target: Target, state: TargetState, attempt: Attempt) -> tuple[DecodeResult, DecodeStats]:
+    """:func:`decode_attempt` of ``attempt`` on ``state``."""
+    a = attempt
+    return decode_attempt(target, state, a.prompt, a.rules, a.eot, a.max_new_tokens, a.no_speech, a.sot_index,
+                          options=a.options, method=a.method, generator=a.generator)
+
+
+FallbackSteps = Generator[Attempt, tuple[DecodeResult, DecodeStats], WindowDecode]
+
+
+def fallback_steps(
+    prompt: list[int],
+    rules: LogitRules,
+    eot: int,
+    max_new_tokens: int,
+    no_speech: int | None,
+    sot_index: int,
+    *,
+    options: DecodingOptions,
+    text_of: Callable[[list[int]], str],
+    method: DecodeMethod = AR,
+    generator: torch.Generator | None = None,
+) -> FallbackSteps:
+    """openai-whisper's ``decode_with_fallback`` for one window as a step machine: yields one
+    :class:`Attempt` per temperature tried, receives its ``(result, stats)``, returns the kept decode.
+
+    With ``fallback_silence``, a likely-silent window whose first decode failed stops there: it is
+    skipped whatever a sample would say (:func:`should_skip`), so no sample is drawn for it.
+    """
+    total = DecodeStats()
+    kept: WindowDecode | None = None
+    for i, t in enumerate(options.temperatures):
+        res, stats = yield Attempt(prompt, rules, eot, max_new_tokens, no_speech, sot_index, options.at(t), method,
+                                   generator)
+        accumulate(total, stats)
+        ratio, avg_lp = compression_ratio(text_of(res.tokens).strip()), avg_logprob(res)
+        failed = needs_fallback(ratio, avg_lp, res.no_speech_prob, options)
+        kept = WindowDecode(res, t, avg_lp, ratio, i + 1, total, first_failed=i > 0 or failed)
+        if not failed or (options.fallback_silence and likely_silent(res.no_speech_prob, options)):
+            break
+    return kept
+
+
 def decode_with_fallback(
     target: Target,
     state: TargetState,
@@ -214,20 +280,18 @@ def decode_with_fallback(
     method: DecodeMethod = AR,
     generator: torch.Generator | None = None,
 ) -> WindowDecode:
-    """openai-whisper's ``decode_with_fallback`` for one window; ``text_of`` decodes tokens to text.
+    """openai-whisper's ``decode_with_fallback`` for one window (:func:`fallback_steps`, each attempt
+    decoded on ``state``); ``text_of`` decodes tokens to text."""
+    steps = fallback_steps(prompt, rules, eot, max_new_tokens, no_speech, sot_index, options=options,
+                           text_of=text_of, method=method, generator=generator)
+    return drive(steps, lambda attempt: run_attempt(target, state, attempt))
 
-    With ``fallback_silence``, a likely-silent window whose first decode failed stops there: it is
-    skipped whatever a sample would say (:func:`should_skip`), so no sample is drawn for it.
-    """
-    total = DecodeStats()
-    kept: WindowDecode | None = None
-    for i, t in enumerate(options.temperatures):
-        res, stats = decode_attempt(target, state, prompt, rules, eot, max_new_tokens, no_speech, sot_index,
-                                    options=options.at(t), method=method, generator=generator)
-        accumulate(total, stats)
-        ratio, avg_lp = compression_ratio(text_of(res.tokens).strip()), avg_logprob(res)
-        failed = needs_fallback(ratio, avg_lp, res.no_speech_prob, options)
-        kept = WindowDecode(res, t, avg_lp, ratio, i + 1, total, first_failed=i > 0 or failed)
-        if not failed or (options.fallback_silence and likely_silent(res.no_speech_prob, options)):
-            break
-    return kept
+
+def drive(steps: Generator, serve: Callable) -> object:
+    """Run a step machine to its end, answering each request it yields with ``serve(request)``."""
+    reply = None
+    try:
+        while True:
+            reply = serve(steps.send(reply))
+    except StopIteration as stop:
+        return stop.value

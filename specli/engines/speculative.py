@@ -86,13 +86,14 @@ def speculative_decode(
         proposal = drafter.propose(req) if room > 0 else DraftProposal([], [])
         t1 = time.perf_counter()
         emitted, logprobs, hidden, rows0 = _verify_step(target, state, tokens, plen, proposal, filt, options, gen)
-        if stats.target_forwards == 0 and no_speech is not None and sot_index == plen - 1:
+        if stats.verify_steps == 0 and no_speech is not None and sot_index == plen - 1:  # the first step scored sot
             no_speech_prob = float(rows0.softmax(-1)[no_speech])
         stats.target_forwards += 1
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += time.perf_counter() - t1
         stats.drafted += len(proposal)
-        used, sum_logprob, finished = _commit(tokens, emitted, logprobs, sum_logprob, plen, eot, max_new_tokens)
+        used, sum_logprob, finished = commit_emitted(tokens, emitted, logprobs, sum_logprob, plen, eot,
+                                                     max_new_tokens)
         stats.tokens += used
         stats.record_step(max(depths(proposal.parents), default=0), used - 1)
         t2 = time.perf_counter()
@@ -102,8 +103,8 @@ def speculative_decode(
     return DecodeResult(tokens[plen:], sum_logprob, no_speech_prob, finished, stats)
 
 
-def _commit(tokens: list[int], emitted: list[int], logprobs: list[float], sum_logprob: float, plen: int, eot: int,
-            max_new_tokens: int) -> tuple[int, float, bool]:
+def commit_emitted(tokens: list[int], emitted: list[int], logprobs: list[float], sum_logprob: float, plen: int,
+                   eot: int, max_new_tokens: int) -> tuple[int, float, bool]:
     """Append a step's emitted tokens to ``tokens`` until eot or the length limit: how many were used
     (eot included), the running sum of log-probabilities, and whether eot was reached."""
     used = 0
@@ -125,23 +126,31 @@ def _verify_step(target, state, tokens, plen, proposal: DraftProposal, filt, opt
     mask, positions = tree_inputs(proposal.parents, start, dev)
     scored = host_to_device([[tokens[-1], *proposal.tokens]], torch.long, dev)
     out = target.score(state, scored, positions=positions, tree_mask=mask if n else None)
-    prefixes = _row_prefixes(tokens[plen:], proposal)
-    filtered = filt(out.logits[0], prefixes)  # [n+1, vocab]
-    if options.sampling.greedy:  # greedy verification draws nothing
+    kept, emitted, logprobs = accept_draft(out.logits[0], tokens[plen:], proposal, filt, options.sampling,
+                                           gen, options.verify_backend)
+    state.cache.compact(start, [start] + [start + 1 + i for i in kept])
+    return emitted, logprobs, out.hidden.select([0] + [i + 1 for i in kept]), out.logits[0, 0]
+
+
+def accept_draft(logits: torch.Tensor,  # [n+1, vocab] raw target logits of [pending] + proposal
+                 sampled: list[int], proposal: DraftProposal, filt, sampling: SamplingParams,
+                 gen: torch.Generator | None, backend: Backend = "auto") -> tuple[list[int], list[int], list[float]]:
+    """Verify one row's draft: accepted node indices, emitted tokens (accepted + the target's next token)
+    and their log-probabilities. ``sampled`` are the row's tokens after the prompt; ``filt`` its filter."""
+    n, dev = len(proposal), logits.device
+    filtered = filt(logits, _row_prefixes(sampled, proposal))  # [n+1, vocab]
+    if sampling.greedy:  # greedy verification draws nothing
         u_accept, u_sample = torch.zeros(1, n, device=dev), torch.zeros(1, n + 1, device=dev)
     else:  # drawn where the generator lives (the target's device unless the caller passed another)
         where = gen.device if gen is not None else dev
         u_accept = torch.rand(1, n, generator=gen, dtype=torch.float64, device=where).float().to(dev)
         u_sample = torch.rand(1, n + 1, generator=gen, dtype=torch.float64, device=where).float().to(dev)
-    length, path, nxt = verify(filtered[None], proposal, options.sampling.greedy, u_accept, u_sample,
-                               backend=options.verify_backend)
-    logp = torch.log_softmax(unit_temperature(filtered, options.sampling), -1)  # [n+1, vocab]
+    length, path, nxt = verify(filtered[None], proposal, sampling.greedy, u_accept, u_sample, backend=backend)
+    logp = torch.log_softmax(unit_temperature(filtered, sampling), -1)  # [n+1, vocab]
     kept, nxt_tok, node_lp, next_lp = _read_back(logp, proposal, length, path, nxt)
-    state.cache.compact(start, [start] + [start + 1 + i for i in kept])
     emitted = [proposal.tokens[i] for i in kept] + [nxt_tok]
-    rows = [0] + [i + 1 for i in kept]
-    logprobs = [node_lp[i] for i in kept] + [next_lp[rows[-1]]]
-    return emitted, logprobs, out.hidden.select(rows), out.logits[0, 0]
+    logprobs = [node_lp[i] for i in kept] + [next_lp[kept[-1] + 1 if kept else 0]]
+    return kept, emitted, logprobs
 
 
 def _read_back(logp: torch.Tensor, proposal: DraftProposal, length, path, nxt):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 from specli.engines.drafters.base import Drafter
 from specli.engines.drafters.cross_tokenizer import CrossTokenizerDrafter
+from specli.engines.drafters.dynamic_tree import DynamicTreeDrafter, DynamicTreeOptions
 from specli.engines.drafters.eagle import EagleDrafter, load_head
 from specli.engines.drafters.model import ModelDrafter, ModelDraftOptions
 from specli.engines.drafters.ngram import NgramDrafter, NgramPool
@@ -19,10 +20,18 @@ from specli.presets import Preset
 
 def _draft_options(preset: Preset) -> ModelDraftOptions:
     return ModelDraftOptions(
-        confidence_threshold=preset.confidence_threshold if preset.strategy == "adaptive" else 0.0,
+        confidence_threshold=preset.confidence_threshold if preset.strategy in ("adaptive", "sparse-tree") else 0.0,
         tree_topk=preset.tree_topk if preset.strategy == "sparse-tree" else 0,
         tree_threshold=preset.tree_threshold,
+        branch_steps=preset.branch_steps,
     )
+
+
+def _tree_options(preset: Preset) -> DynamicTreeOptions:
+    """EAGLE-2 dynamic tree: ``tree_depth`` levels, ``tree_topk`` expanded per level, ``max_draft`` nodes kept,
+    none whose path probability is below ``confidence_threshold``."""
+    return DynamicTreeOptions(depth=preset.tree_depth, topk=preset.tree_topk, total=min(preset.max_draft, 24),
+                              min_path=preset.confidence_threshold)
 
 
 def build_drafter(preset: Preset, target: WhisperModel, language: str | None = None) -> Drafter:
@@ -37,6 +46,8 @@ def build_drafter(preset: Preset, target: WhisperModel, language: str | None = N
     elif preset.drafter == "cross-tokenizer":
         draft = load_whisper(preset.draft_model, preset.dtype, device=target.target.device)
         drafter = CrossTokenizerDrafter(draft, target, language or "en", _draft_options(preset))
+    elif preset.drafter == "eagle" and preset.strategy == "dynamic-tree":
+        drafter = DynamicTreeDrafter(load_head(preset.head, target.target), _tree_options(preset))
     elif preset.drafter == "eagle":
         drafter = EagleDrafter(load_head(preset.head, target.target), _draft_options(preset))
     else:

@@ -8,22 +8,36 @@ LM input ``[sos] + text + [task] + prompt speech tokens`` as input-layout ids, d
 (:func:`specli.engines.sampling.build_sampler`, every stop id merged into eos) and decode with
 ``greedy_decode`` (AR) or ``speculative_decode`` (a drafter; lossless for the chosen sampler). Each
 request draws from its own generator seeded from ``(seed, request id)``.
+
+:meth:`Synthesizer.synthesize_batch` decodes several requests together (continuous batching,
+``engines/batched.py``) with the same per-request rules, generator and verification, so a request's
+tokens do not depend on the batch size or on the other requests: a model drafter (DSpark / DFlash /
+EAGLE-3) drafts each row from that row's own states; the n-gram pool drafter shares the run's pool only
+with the greedy sampler (drafts never change greedy tokens); with a sampler each
+request drafts from its own tokens only, because sampled speculative tokens depend on the drafts (the
+random draws are the same, the accept tests differ). The one exception is a near-tie: batched matrix
+products can move a logit by ~1e-7, which flips a greedy top-2 tie or a sample whose uniform lies that
+close to a boundary of the sampler's CDF (tests/test_synthesis_batch.py checks every difference is one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
+from specli.engines.batched import RowJob, decode_all
+from specli.engines.drafters.batched import PerRowDrafters
 from specli.engines.drafters.ngram import NgramDrafter, NgramPool
 from specli.engines.greedy import greedy_decode
 from specli.engines.device import resolve_device
 from specli.engines.sampling import SamplerOptions, build_sampler, default_options, request_generator
 from specli.engines.speculative import SpecOptions, speculative_decode
-from specli.engines.speech_drafting import SpeechDraftOptions, load_drafter
+from specli.engines.speech_drafting import SpeechDraftOptions, load_drafter, wrap
 from specli.engines.targets.cosyvoice import CosyVoiceModel, load_cosyvoice
 from specli.engines.targets.cosyvoice_text import CV3_DEFAULT_PROMPT, ENDOFPROMPT, TextTokenizerError
-from specli.engines.types import DecodeStats
+from specli.engines.types import DecodeResult, DecodeStats
 from specli.errors import SpecliError
 from specli.presets.synthesis import SynthesisPreset
 
@@ -125,6 +139,15 @@ def prepare(model: CosyVoiceModel, request: SynthesisRequest) -> PreparedRequest
     return PreparedRequest(prompt, len(text), min_len, max_len)
 
 
+class OwnTokensDrafter(NgramDrafter):
+    """The n-gram drafter over the request's own tokens only: each ``start`` begins with an empty pool, so a
+    request's drafts (and so its sampled tokens) do not depend on the requests decoded before it."""
+
+    def start(self, state, prompt: list[int]) -> None:
+        super().start(state, prompt)
+        self.pool = NgramPool(self.pool.max_ngram)
+
+
 class Synthesizer:
     """A loaded CosyVoice LM, its sampler and (optionally) a drafter, reused across requests."""
 
@@ -136,28 +159,81 @@ class Synthesizer:
             kind = None if options.drafter == "model" else options.drafter
             self.drafter = load_drafter(options.draft_dir, model.lm, options.draft_options, kind)
 
-    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
-        """Speech tokens for ``request`` (raises :class:`SynthesisInputError` for a bad request)."""
-        prep = prepare(self.model, request)
-        spec, lm, opts = self.model.spec, self.model.lm, self.options
+    def _job(self, key: object, request: SynthesisRequest, prep: PreparedRequest, device: torch.device) -> RowJob:
+        """The decode of one prepared request: its sampler's rules and parameters, its own generator."""
+        spec, opts = self.model.spec, self.options
         rules, params = build_sampler(opts.sampler, prompt_tokens=request.prompt_tokens,
                                       stop_ids=list(spec.stop_ids), min_len_mask_id=spec.min_length_mask_id,
                                       min_len=prep.min_len, stop_into=spec.eos)
+        return RowJob(key, None, prep.prompt, rules, spec.eos, prep.max_len, sampling=params,
+                      generator=request_generator(opts.seed, request.id, device))
+
+    def _row_drafter(self, greedy: bool):
+        """The drafter of one request. The pool drafter shares the run's pool only when greedy (see the module doc)."""
+        if not isinstance(self.drafter, NgramDrafter) or greedy:
+            return self.drafter
+        return OwnTokensDrafter(NgramPool(self.options.ngram), self.model.spec.eos)
+
+    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
+        """Speech tokens for ``request`` (raises :class:`SynthesisInputError` for a bad request)."""
+        prep = prepare(self.model, request)
+        lm, opts = self.model.lm, self.options
         state = lm.start(len(prep.prompt) + prep.max_len + 2)
-        gen = request_generator(opts.seed, request.id, state.cache.device)
-        if self.drafter is None:
-            res = greedy_decode(lm, state, prep.prompt, rules, spec.eos, prep.max_len, sampling=params,
-                                generator=gen)
+        job = self._job(request.id, request, prep, state.cache.device)
+        args = (lm, state, prep.prompt, job.rules, job.eot, prep.max_len)
+        drafter = self._row_drafter(job.sampling.greedy)
+        if drafter is None:
+            res = greedy_decode(*args, sampling=job.sampling, generator=job.generator)
         else:
-            res = speculative_decode(lm, state, prep.prompt, rules, spec.eos, prep.max_len, drafter=self.drafter,
-                                     options=SpecOptions(max_draft=opts.max_draft, sampling=params), generator=gen)
-        return SynthesisResult(request.id, request.text, list(res.tokens), prep.text_tokens, prep.min_len,
-                               prep.max_len, res.finished, res.stats)
+            res = speculative_decode(*args, drafter=drafter, generator=job.generator,
+                                     options=SpecOptions(max_draft=opts.max_draft, sampling=job.sampling))
+        return _result(request, prep, res)
+
+    def synthesize_batch(self, requests: Sequence[SynthesisRequest], batch_size: int
+                         ) -> Iterator[tuple[int, SynthesisResult | SynthesisInputError]]:
+        """Every request, up to ``batch_size`` decoding together (rows join as others finish): ``(index,
+        error)`` for a bad request first, then ``(index, result)`` as rows finish. A request's tokens are
+        :meth:`synthesize`'s (see the module doc for near-ties)."""
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        device = self.model.lm.qwen.device
+        jobs, preps = [], {}
+        for i, request in enumerate(requests):
+            try:
+                preps[i] = prepare(self.model, request)
+            except SynthesisInputError as exc:
+                yield i, exc
+                continue
+            jobs.append(self._job(i, request, preps[i], device))
+        if not jobs:
+            return
+        longest = max(len(j.prompt) + j.max_new_tokens + 2 for j in jobs)
+        drafter = self._batch_drafter(jobs[0].sampling.greedy)  # one sampler a run
+        for i, res in decode_all(self.model.lm, jobs, batch_size, longest, drafter=drafter,
+                                 options=SpecOptions(max_draft=self.options.max_draft)):
+            yield i, _result(requests[i], preps[i], res)
+
+    def _batch_drafter(self, greedy: bool) -> PerRowDrafters | None:
+        """One drafter per row of a batch: pool drafters as :meth:`_row_drafter`'s, a model drafter's module
+        wrapped again (rows share its weights, each keeps its own drafting state)."""
+        if self.drafter is None:
+            return None
+        if isinstance(self.drafter, NgramDrafter):
+            self.drafter.finish_window()  # a request decoded before by synthesize() joins the pool
+            pool, eos = self.drafter.pool, self.model.spec.eos
+            return PerRowDrafters(lambda: NgramDrafter(pool, eos) if greedy else self._row_drafter(False))
+        module = getattr(self.drafter, "inner", self.drafter).module  # under RecyclingDrafter's wrapper
+        return PerRowDrafters(lambda: wrap(module, self.options.draft_options))
 
     def finish(self) -> None:
         """Add the last request's output to the drafter's pool (end of a run)."""
         if isinstance(self.drafter, NgramDrafter):
             self.drafter.finish_window()
+
+
+def _result(request: SynthesisRequest, prep: PreparedRequest, res: DecodeResult) -> SynthesisResult:
+    return SynthesisResult(request.id, request.text, list(res.tokens), prep.text_tokens, prep.min_len, prep.max_len,
+                           res.finished, res.stats)
 
 
 def synthesize(model: CosyVoiceModel, requests: Sequence[SynthesisRequest],

@@ -5,12 +5,16 @@ flat on hour-long files. Each window is encoded once, decoded with temperature f
 (:mod:`specli.engines.decoding`) by the preset's method (plain or speculative: identical tokens at
 temperature 0, the target's distribution above it), split into timed segments by its timestamp
 tokens, and the seek moves to the last closed timestamp.
+
+The loop is a step machine (:func:`transcribe_steps`): it asks for each window's encoder output and
+each decode attempt and receives them, so one loop serves a file on its own (:func:`transcribe_stream`)
+and many files batched together (:mod:`specli.engines.scheduler`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -19,14 +23,14 @@ import torch
 
 from specli.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, window_features
 from specli.engines.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, Word, add_word_timestamps, word_seek
-from specli.engines.decoding import (AR, DecodeMethod, DecodingOptions, WindowDecode, decode_with_fallback,
-                                     should_skip, suppress_ids)
+from specli.engines.decoding import (AR, Attempt, DecodeMethod, DecodingOptions, FallbackSteps, WindowDecode, drive,
+                                     fallback_steps, run_attempt, should_skip, suppress_ids)
 from specli.engines.language import detect_language
 from specli.engines.segments import completed_length, find_loop, split_window, trim_repetition
 from specli.engines.targets.loader import WhisperModel
 from specli.engines.targets.whisper import DecoderState
 from specli.engines.targets.whisper_rules import WhisperLogitRules
-from specli.engines.types import DecodeStats, TargetState, accumulate
+from specli.engines.types import DecodeResult, DecodeStats, TargetState, accumulate
 
 #: Called after each window's decode with the window's state, prompt and kept decode (distillation
 #: records on-policy windows through it).
@@ -147,6 +151,60 @@ def file_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return gen
 
 
+@dataclass(frozen=True)
+class EncodeRequest:
+    """A file's step machine asks for one window's encoder output; answered with :class:`Encoded`."""
+
+    mel: torch.Tensor  # [1, n_mels, 3000] the window's log-mel
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """The answer to an :class:`EncodeRequest`."""
+
+    features: torch.Tensor  # [1, audio_ctx, d_model] encoder output
+    seconds: float  # encoder time (this window's share when several windows were encoded together)
+
+
+class Window:
+    """One encoded window. Its decoder state (cross-attention K/V, empty cache) is built on first use,
+    so a window decoded only by a batched decoder (which admits ``features``) never builds one."""
+
+    def __init__(self, target: object, features: torch.Tensor, mel: torch.Tensor) -> None:
+        self.target = target
+        self.features = features  # [1, audio_ctx, d_model]
+        self.mel = mel  # [1, n_mels, 3000]
+        self._state: DecoderState | None = None
+
+    @property
+    def state(self) -> DecoderState:
+        if self._state is None:
+            self._state = self.target.start(self.features, features=self.mel)
+        return self._state
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """A file's step machine asks for one decode attempt of a window; answered with
+    ``(DecodeResult, DecodeStats)``."""
+
+    window: Window
+    attempt: Attempt
+
+
+#: A file's long-form loop as a step machine (:func:`transcribe_steps`).
+FileSteps = Generator[EncodeRequest | DecodeRequest, Encoded | tuple[DecodeResult, DecodeStats], FileResult]
+
+
+def serve_one(target: object, request: EncodeRequest | DecodeRequest) -> Encoded | tuple[DecodeResult, DecodeStats]:
+    """Answer one request of a file's step machine on its own (batch 1)."""
+    if isinstance(request, EncodeRequest):
+        t0 = time.perf_counter()
+        features = target.encode(request.mel)
+        return Encoded(features, time.perf_counter() - t0)
+    return run_attempt(target, request.window.state, request.attempt)
+
+
 def transcribe_stream(
     model: WhisperModel,
     chunks: Iterable[np.ndarray],
@@ -156,7 +214,22 @@ def transcribe_stream(
     on_decode: WindowObserver | None = None,
 ) -> FileResult:
     """Transcribe 16 kHz mono chunks with ``decode`` (plain or speculative); ``on_window(seconds_done)``
-    reports progress."""
+    reports progress. Drives :func:`transcribe_steps`, answering each request on its own."""
+    steps = transcribe_steps(model, chunks, opts, decode, on_window, on_decode)
+    return drive(steps, lambda request: serve_one(model.target, request))
+
+
+def transcribe_steps(
+    model: WhisperModel,
+    chunks: Iterable[np.ndarray],
+    opts: TranscribeOptions = TranscribeOptions(),
+    decode: DecodeMethod = AR,
+    on_window: Callable[[float], None] | None = None,
+    on_decode: WindowObserver | None = None,
+) -> FileSteps:
+    """The long-form loop of one file as a step machine: yields :class:`EncodeRequest` and
+    :class:`DecodeRequest`, receives their answers, returns the :class:`FileResult`. Whoever answers
+    (:func:`serve_one` at batch 1, :mod:`specli.engines.scheduler` over several files), the loop is this one."""
     sp, target, dec = model.special, model.target, opts.decoding
     rules = logit_rules(model, opts)
     reader, stats = _WindowReader(chunks), FileStats()
@@ -174,24 +247,25 @@ def transcribe_stream(
         window_frames = min(N_FRAMES, len(audio) // HOP_LENGTH)
         if window_frames == 0:
             break
-        state = _encode_window(model, audio, stats)
+        window = yield from _encode_window(model, audio, stats)
         if sp.multilingual and language is None:
-            probs = detect_language(target, state, sp)
+            probs = detect_language(target, window.state, sp)
             language, lang_prob = next(iter(probs.items()))
         if gen is None:  # one generator per file, on the target's device
-            gen = file_generator(dec.seed, state.cache.device)
+            gen = file_generator(dec.seed, window.features.device)
         prompt = _prompt(model, opts, language, previous, hotwords)
         max_new = min(opts.max_new_tokens, target.dims.text_ctx - len(prompt))
-        win = decode_with_fallback(target, state, prompt, rules, sp.eot, max_new, sp.no_speech, prompt.index(sp.sot),
-                                   options=dec, text_of=model.tokenizer.decode, method=decode, generator=gen)
+        win = yield from _attempts_of(window, fallback_steps(
+            prompt, rules, sp.eot, max_new, sp.no_speech, prompt.index(sp.sot), options=dec,
+            text_of=model.tokenizer.decode, method=decode, generator=gen))
         accumulate(stats.decode, win.stats)
         stats.fallback_windows += int(win.first_failed)
         if on_decode is not None:
-            on_decode(state, prompt, win)
+            on_decode(window.state, prompt, win)
         window_segs, advance, keep = _window_segments(model, opts, win, seek, window_frames, stats)
         if opts.word_timestamps and window_segs:  # on the final tokens: the same for every decode method
             aligned = add_word_timestamps(
-                model, state, window_segs, language=language, task=opts.task,
+                model, window.state, window_segs, language=language, task=opts.task,
                 time_offset=seek * HOP_LENGTH / SAMPLE_RATE, num_frames=window_frames, last_speech=last_speech,
                 prepend_punctuations=opts.prepend_punctuations, append_punctuations=opts.append_punctuations)
             window_segs, last_speech = aligned.segments, aligned.last_speech
@@ -207,14 +281,25 @@ def transcribe_stream(
     return FileResult(language, lang_prob, segments, stats)
 
 
-def _encode_window(model: WhisperModel, audio: np.ndarray, stats: FileStats) -> DecoderState:
-    """The decoder state of one window (log-mel, encoder once), its cost counted in ``stats``."""
+def _encode_window(model: WhisperModel, audio: np.ndarray, stats: FileStats) -> Generator:
+    """Steps that encode one window (log-mel here, the encoder by the driver), counted in ``stats``."""
     t0 = time.perf_counter()
     mel = window_features(audio, model.target.dims.n_mels)
-    state = model.target.start(model.target.encode(mel), features=mel)
-    stats.encode_seconds += time.perf_counter() - t0
+    mel_seconds = time.perf_counter() - t0
+    encoded = yield EncodeRequest(mel)
+    stats.encode_seconds += mel_seconds + encoded.seconds
     stats.windows += 1
-    return state
+    return Window(model.target, encoded.features, mel)
+
+
+def _attempts_of(window: Window, steps: FallbackSteps) -> Generator:
+    """The window's fallback steps, each :class:`Attempt` asked as a :class:`DecodeRequest` on ``window``."""
+    reply = None
+    try:
+        while True:
+            reply = yield DecodeRequest(window, steps.send(reply))
+    except StopIteration as stop:
+        return stop.value
 
 
 def _encode_text(model: WhisperModel, text: str | None) -> list[int]:

@@ -64,7 +64,12 @@ class Target(Protocol):
 
 
 class LogitRules(Protocol):
-    """A pure function from raw logits and each row's sampled prefix to masked logits."""
+    """A pure function from raw logits and each row's sampled prefix to masked logits.
+
+    Rules may also take a ``vocab`` keyword (a :class:`~specli.engines.logits.DraftVocab`: the
+    columns stand for those sorted token ids only) and must then return the full rule restricted to
+    those columns; ``filter_logits`` hands rules without it the row scattered into the full vocabulary.
+    """
 
     def __call__(self, logits: torch.Tensor, prefixes: Sequence[Sequence[int]]) -> torch.Tensor: ...
 
@@ -126,3 +131,30 @@ class DecodeResult:
     no_speech_prob: float  # probability of <|nospeech|> at the start-of-transcript position
     finished: bool  # True when eot was reached, False when the length limit stopped it
     stats: DecodeStats
+
+
+class BatchTarget(Protocol):
+    """A target that decodes a batch of independent rows in one preallocated state (engines/batched.py).
+
+    The state's ``cache`` is a :class:`~specli.engines.kv_cache.RaggedKVCache` (one length per row);
+    :meth:`score` over ``tokens [B, n]`` uses rows ``[0, B)``, writes row ``b``'s K/V at its own
+    length and leaves the lengths to the caller. Whisper and the Qwen2 / CosyVoice LMs implement it.
+    """
+
+    def start_batch(self, capacity: int, max_len: int | None, spare: int = 0) -> TargetState:
+        """An empty state of ``capacity`` slots, ``max_len`` positions a row plus ``spare`` padding slots."""
+
+    def admit(self, state: TargetState, slot: int, context: object) -> None:
+        """A new row in ``slot``: write its context (Whisper: encoder output ``[1, A, d]``); empty cache."""
+
+    def row_state(self, state: TargetState, slot: int, context: object = None) -> TargetState:
+        """Slot ``slot`` as a batch-1 state over the same memory (prefill, drafters); ``context`` is the
+        row's context as given to :meth:`admit`."""
+
+    def move(self, state: TargetState, src: int, dst: int) -> None:
+        """Copy slot ``src`` (cache and context) into slot ``dst``."""
+
+    def score(self, state: TargetState, tokens: torch.Tensor,  # [B, n]
+              positions: torch.Tensor | None = None,  # [B, n]
+              tree_mask: torch.Tensor | None = None,  # [B, n, n] bool
+              ) -> ScoreOutput: ...

@@ -17,9 +17,9 @@ P = TypeVar("P")  # a preset dataclass (Preset or SynthesisPreset)
 # the shipped EAGLE-ASR head (lossless: the same text as whisper-base-ar, faster on held-out speech)
 DEFAULT_PRESET = "whisper-eagle-asr"
 
-Strategy = Literal["ar", "chain", "adaptive", "recycling", "sparse-tree"]
+Strategy = Literal["ar", "chain", "adaptive", "recycling", "sparse-tree", "dynamic-tree"]
 DrafterKind = Literal["none", "pool", "model", "cross-tokenizer", "eagle"]
-DType = Literal["auto", "float32", "bfloat16", "float16"]  # auto: float32 on CPU, float16 on CUDA
+DType = Literal["auto", "float32", "bfloat16", "float16"]  # auto: engines.device.auto_dtype (bf16 on native-bf16 CPUs)
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -37,9 +37,11 @@ class Preset:
     draft_model: str = ""  # the drafter's model, for drafter = model or cross-tokenizer
     head: str = ""  # eagle: directory or shipped name of a trained Speech-Draft head (`specli distill train`)
     max_draft: int = 8  # most draft tokens (tree nodes) per target forward (hard cap 24 for adaptive)
-    confidence_threshold: float = 0.0  # adaptive: the drafter stops below this probability
-    tree_topk: int = 2  # sparse-tree: alternatives added at each low-confidence position
+    confidence_threshold: float = 0.0  # adaptive, sparse-tree: the chain stops below it; dynamic-tree: min path prob.
+    tree_topk: int = 2  # sparse-tree: alternatives per low-confidence position; dynamic-tree: nodes expanded per level
     tree_threshold: float = 0.6  # sparse-tree: positions below this drafter probability branch
+    branch_steps: int = 3  # sparse-tree: tokens drafted on from each alternative (SpecASR's second pass; 0 = leaves)
+    tree_depth: int = 5  # dynamic-tree: levels of the EAGLE-2 tree (head forwards per proposal)
     ngram: int = 4  # pool: longest suffix matched
 
     def __post_init__(self) -> None:
@@ -87,6 +89,13 @@ class Preset:
             raise bad("strategy 'adaptive' needs a model drafter and confidence_threshold > 0")
         if self.strategy == "sparse-tree" and (self.drafter == "pool" or self.tree_topk < 1):
             raise bad("strategy 'sparse-tree' needs a model drafter and tree_topk >= 1")
+        if self.strategy == "dynamic-tree" and (self.drafter != "eagle" or not 1 <= self.tree_topk <= 8
+                                                or not 1 <= self.tree_depth <= 16
+                                                or 1 + self.tree_topk * (self.tree_depth - 1) > 32):
+            raise bad("strategy 'dynamic-tree' needs drafter 'eagle', tree_topk within 1..8, tree_depth within "
+                      "1..16, and 1 + tree_topk * (tree_depth - 1) <= 32 (the head's draft-step cache)")
+        if self.branch_steps < 0:
+            raise bad("branch_steps must be >= 0")
         if not 1 <= self.max_draft <= 24:
             raise bad("max_draft must be within 1..24")
         if not 0.0 <= self.confidence_threshold < 1.0 or not 0.0 <= self.tree_threshold <= 1.0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specli.engines.drafters.base import DraftProposal, DraftRequest
+from specli.engines.drafters.base import DraftProposal, DraftRequest, continue_branch
 from specli.engines.drafters.model import ModelDraftOptions, rescore
 from specli.engines.drafters.recycling import merge_chains
 from specli.engines.targets.loader import WhisperModel
@@ -69,13 +69,32 @@ class CrossTokenizerDrafter:
                 ended = True
                 break
             new.append(tok)
-            dev = self.drafter.target.device
-            logits = self.drafter.target.score(self._state, torch.tensor([[tok]], device=dev)).logits[0, -1]
-            self._cached.append(tok)
+            logits = self._advance(tok)
         main = self._to_target(new) + ([self.target_eot] if ended else [])
-        chains = [main] + [self._to_target(b) for b in branches]
+        room = request.budget - len(new)
+        grown = []
+        for b in branches:  # SpecASR's second pass, while the tree has room
+            grown.append(self._grow(ctx, plen, b) if room > 0 else b)
+            room -= len(grown[-1]) - len(b) + 1
+        chains = [main] + [self._to_target(b) for b in grown]
         tokens, parents = merge_chains(chains, request.budget)
         return DraftProposal(tokens, parents, [1.0] * len(tokens))
+
+    def _advance(self, tok: int) -> torch.Tensor:
+        """Score one more drafter token: the drafter's logits ``[vocab]`` after it."""
+        self._cached.append(tok)
+        dev = self.drafter.target.device
+        return self.drafter.target.score(self._state, torch.tensor([[tok]], device=dev)).logits[0, -1]
+
+    def _grow(self, ctx: list[int], plen: int, branch: list[int]) -> list[int]:
+        """A branch (drafter tokens ending in an alternative) and up to ``branch_steps`` drafter
+        tokens drafted on from it (SpecASR's second pass; stops at eot or below the confidence threshold)."""
+        opts = self.options
+        if not opts.branch_steps:
+            return branch
+        cont = continue_branch(self._rules, ctx[plen:] + branch, self._sync(ctx + branch), self._advance,
+                               opts.branch_steps, opts.confidence_threshold, stop=self.drafter.special.eot)
+        return branch + [t for t, _ in cont]
 
     def _to_target(self, drafter_tokens: list[int]) -> list[int]:
         """Drafter tokens -> text -> target tokens."""

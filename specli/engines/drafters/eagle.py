@@ -20,9 +20,17 @@ Design (issue "EAGLE-ASR Speech-Draft drafter"):
 * **Draft vocabulary** (EAGLE-3). The projection keeps only the rows of ``vocab_ids`` (the tokens
   the target emitted most often in the training data, plus every special and timestamp token):
   on this CPU Whisper's 51,865-row projection is most of a step, and 8k rows cost a sixth of it.
-  The drafter scatters the draft logits back into the full vocabulary (``-inf`` elsewhere) before
-  the shared logit filter, so a token outside the draft vocabulary is never proposed; the target
-  still verifies over its full vocabulary, so decoding stays lossless.
+  The drafter applies the shared logit filter inside the draft vocabulary (``filter_logits(...,
+  vocab=)``: the full filter restricted to those columns), so a token outside the draft vocabulary
+  is never proposed; only sampling mode scatters a node's distribution ``q`` into the full
+  vocabulary for rejection sampling. The target still verifies over its full vocabulary, so
+  decoding stays lossless.
+* **Inference.** :class:`EagleDrafter` runs a packed copy of the head (``packed_for_inference``: the
+  target's oneDNN layout) in the target's dtype, or in bfloat16 under a float32 target on a CPU
+  with native bf16 (a step is the head's matrices streamed from memory), cross-attention K/V once
+  per window, the step's index tensors preallocated (``benchmarks/profile_draft_step.py``).
+  ``torch.compile`` of the step (Inductor, weights frozen) measured no faster than this eager
+  packed step, so it is not used.
 
 Token embedding, positional embedding and LM head are shared with the target, frozen, and never
 stored in the head's checkpoint (non-persistent buffers, passed in at load).
@@ -43,7 +51,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specli.engines.drafters.base import EMPTY, DraftProposal, DraftRequest, ModelDraftOptions, draft_chain
+from specli.engines.device import cpu_native_bf16
 from specli.engines.kv_cache import KVCache
+from specli.engines.logits import DraftVocab
 from specli.engines.targets.layers import Linear
 from specli.engines.targets.whisper import DecoderState, WhisperDims, WhisperTarget
 from specli.errors import ModelLoadError
@@ -159,33 +169,40 @@ class SpeechDraftHead(nn.Module):
 
     def first_input(self, low, mid, last, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Step one: fuse the target's states ``[..., d]`` x3, combine with the pending token."""
-        fused = self.fuse(torch.cat([ln(h.float()) for ln, h in zip(self.ln_fuse, (low, mid, last))], -1))
-        return self.combine(torch.cat([fused, self.embed_tokens(tokens, positions)], -1))
+        dt = self.ln_rec.weight.dtype  # float32 when training; the target's dtype in a packed inference copy
+        fused = self.fuse(torch.cat([ln(h.to(dt)) for ln, h in zip(self.ln_fuse, (low, mid, last))], -1))
+        return self.combine(torch.cat([fused, self.embed_tokens(tokens, positions).to(dt)], -1))
 
     def next_input(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Later steps: the head's own previous output with the previous draft token."""
-        return self.combine(torch.cat([self.ln_rec(hidden), self.embed_tokens(tokens, positions)], -1))
+        return self.combine(torch.cat([self.ln_rec(hidden), self.embed_tokens(tokens, positions).to(hidden.dtype)], -1))
 
     def cross_kv(self, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention K/V of a window's encoder output ``[B, A, d]`` -> ``[B, H, A, hd]`` x2."""
-        k, v = self.cross_kv_proj(audio.float()).chunk(2, -1)
+        k, v = self.cross_kv_proj(audio.to(self.ln_rec.weight.dtype)).chunk(2, -1)
         return _heads(k, self.cfg.heads), _heads(v, self.cfg.heads)
 
     def block(
-        self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None, cross: tuple[torch.Tensor, torch.Tensor]
+        self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None, cross: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None = None,  # [B, S, k + S] bool: tree ancestry (True = may attend), or None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step for ``[B, S, d]`` independent drafts (S per window); ``past`` is ``[B*S, H, k, hd]``.
 
         Returns the block output ``[B, S, d]`` and this step's self-attention K/V ``[B*S, H, 1, hd]``.
+        With ``mask``, the S rows are nodes of one draft tree per batch row, expanded in one forward:
+        ``past`` is ``[B, H, k, hd]`` (the tree's expanded nodes so far), row ``i`` attends to the
+        slots where ``mask[:, i]`` is True (its ancestors, then itself), and K/V are ``[B, H, S, hd]``.
         """
         b, s, d = x.shape
         h = self.cfg.heads
-        q, k, v = (t.reshape(b * s, 1, h, d // h).transpose(1, 2) for t in self.qkv(self.ln_self(x)).chunk(3, -1))
+        rows, n = (b * s, 1) if mask is None else (b, s)
+        q, k, v = (t.reshape(rows, n, h, d // h).transpose(1, 2) for t in self.qkv(self.ln_self(x)).chunk(3, -1))
         k_all, v_all = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
-        att = F.scaled_dot_product_attention(q, k_all, v_all)  # [B*S, H, 1, hd]
+        att = F.scaled_dot_product_attention(  # [B*S, H, 1, hd], or [B, H, S, hd] with a mask
+            q, k_all, v_all, attn_mask=None if mask is None else mask[:, None])
         x = x + self.out(att.transpose(1, 2).reshape(b, s, d))
         cq = _heads(self.cross_q(self.ln_cross(x)), h)  # [B, H, S, hd]
-        ca = F.scaled_dot_product_attention(cq, *cross)
+        ca = cross_attention(cq, *cross)
         x = x + self.cross_out(ca.transpose(1, 2).reshape(b, s, d))
         x = x + self.fc2(F.gelu(self.fc1(self.ln_mlp(x))))
         return x, k, v
@@ -220,23 +237,40 @@ class PackedLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.linear = Linear(weight.detach().float(), None if bias is None else bias.detach().float())
+        self.linear = Linear(weight.detach(), None if bias is None else bias.detach())  # in the weight's dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
 
 
-def packed_for_inference(head: SpeechDraftHead) -> SpeechDraftHead:
+def packed_for_inference(head: SpeechDraftHead, dtype: torch.dtype = torch.float32) -> SpeechDraftHead:
     """A copy of ``head`` in eval mode whose linear layers and LM head run through ``PackedLinear``
-    (same results to ~1e-6 relative; the packed copy cannot be trained or saved)."""
+    in ``dtype`` (its layer norms too; float32: same results to ~1e-6 relative). The frozen
+    embedding tables stay shared (float32; a step's one embedding row is cast). The packed copy
+    cannot be trained or saved."""
     shared = {id(t): t for t in (head.embed, head.dec_pos)}  # frozen tables: shared, not copied
     fast = copy.deepcopy(head, memo=shared).eval()
     for name, module in list(fast.named_children()):
         if isinstance(module, nn.Linear):
-            setattr(fast, name, PackedLinear(module.weight, module.bias))
+            setattr(fast, name, PackedLinear(module.weight.to(dtype), _cast(module.bias, dtype)))
         elif isinstance(module, FrozenLinear):
-            setattr(fast, name, PackedLinear(module.weight, None))
+            setattr(fast, name, PackedLinear(module.weight.to(dtype), None))
+        elif isinstance(module, (nn.LayerNorm, nn.ModuleList)):
+            module.to(dtype)
     return fast
+
+
+def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if t is None else t.to(dtype)
+
+
+def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``softmax(q kᵀ / sqrt(hd)) v`` for ``q [B, H, S, hd]`` over a window's ``k, v [B, H, A, hd]``, in
+    the K/V's dtype (the result in ``q``'s): on the CPU a bfloat16 head keeps its window K/V in float32,
+    because PyTorch's CPU SDPA took 1.4 ms for one bfloat16 query row over 1500 keys, 0.18 in float32."""
+    if q.dtype == k.dtype:
+        return F.scaled_dot_product_attention(q, k, v)
+    return F.scaled_dot_product_attention(q.to(k.dtype), k, v).to(q.dtype)
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -293,29 +327,68 @@ def load_head(name_or_path: str | Path, target: WhisperTarget) -> SpeechDraftHea
 
 
 class EagleDrafter:
-    """Drafts a chain with a :class:`SpeechDraftHead`; adaptive length and sparse tree as ModelDrafter."""
+    """Drafts a chain with a :class:`SpeechDraftHead`; adaptive length and sparse tree as ModelDrafter.
 
-    def __init__(self, head: SpeechDraftHead, options: ModelDraftOptions = ModelDraftOptions()) -> None:
-        self.head = packed_for_inference(head)
+    Runs a packed copy of the head in ``dtype``; None picks it from the target's dtype (read from the
+    window's encoder output at :meth:`start`): the target's, except bfloat16 under a float32 target
+    on a CPU with native bf16 (a step streams the head's matrices from memory: half the bytes; the
+    drafter's precision never changes the lossless output). It filters inside the head's draft
+    vocabulary (``self.vocab``; None when it is the whole vocabulary) and reuses preallocated index
+    tensors, so a step costs the head's matrices and little else.
+    """
+
+    def __init__(self, head: SpeechDraftHead, options: ModelDraftOptions = ModelDraftOptions(),
+                 dtype: torch.dtype | None = None) -> None:
+        self._trained = head
+        self._dtype = dtype  # the head's inference dtype; None: chosen from the target's (_head_dtype)
+        self._packed: dict[torch.dtype, SpeechDraftHead] = {}
         self.options = options
         cfg = head.cfg
         self._device = head.embed.device  # the target's device: the head, its cache and its inputs live there
-        self._cache = KVCache(1, 1, cfg.heads, cfg.max_steps, cfg.d_model // cfg.heads, device=self._device)
+        self.vocab = None if head.vocab_ids.numel() == cfg.vocab else DraftVocab(head.vocab_ids, cfg.vocab)
+        self._use(self._head_dtype(torch.float32))
         self._cross: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._tok = torch.zeros((1, 1), dtype=torch.long, device=self._device)  # [1, 1] the step's input token
+        self._pos = torch.zeros((1, 1), dtype=torch.long, device=self._device)  # [1, 1] and its decoder position
+
+    def _head_dtype(self, target_dtype: torch.dtype) -> torch.dtype:
+        """The head's inference dtype under a target computing in ``target_dtype``."""
+        if self._dtype is not None:
+            return self._dtype
+        if target_dtype == torch.float32 and self._device.type == "cpu" and cpu_native_bf16():
+            return torch.bfloat16
+        return target_dtype
+
+    def _use(self, dtype: torch.dtype) -> None:
+        """Run the head (and its self-attention cache) in ``dtype``; packed copies are kept per dtype."""
+        if dtype not in self._packed:
+            self._packed[dtype] = packed_for_inference(self._trained, dtype)
+        self.head = self._packed[dtype]
+        cfg = self.head.cfg
+        self._cache = KVCache(1, 1, cfg.heads, cfg.max_steps, cfg.d_model // cfg.heads, dtype, self._device)
 
     @torch.inference_mode()
     def start(self, state: DecoderState, prompt: list[int]) -> None:
-        # once per window; contiguous: SDPA over strided K/V views was ~2x slower for one query row
-        self._cross = tuple(t.contiguous() for t in self.head.cross_kv(state.audio_features))
+        dtype = self._head_dtype(state.audio_features.dtype)
+        if dtype != self.head.ln_rec.weight.dtype and dtype.is_floating_point:
+            self._use(dtype)
+        # once per window; contiguous: SDPA over strided K/V views was ~2x slower for one query row;
+        # float32 on the CPU (see cross_attention)
+        keep = torch.float32 if self._device.type == "cpu" else dtype
+        self._cross = tuple(t.to(keep).contiguous() for t in self.head.cross_kv(state.audio_features))
 
     def _step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One head step for a single draft ``x [1, 1, d]``: (hidden [1, 1, d], logits [V])."""
+        """One head step for a single draft ``x [1, 1, d]``: (hidden [1, 1, d], draft-vocabulary logits [Vd])."""
         n = self._cache.length
         past = self._cache.view(0, n) if n else None
         out, k, v = self.head.block(x, past, self._cross)
         self._cache.write(0, n, k, v)
         self._cache.length = n + 1
-        return out, self.head.full_logits(out)[0, -1]
+        return out, self.head.logits(out)[0, -1]
+
+    def _input(self, tok: int, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The preallocated ``[1, 1]`` token and position tensors, set to ``tok`` and ``pos``."""
+        return self._tok.fill_(tok), self._pos.fill_(pos)
 
     @torch.inference_mode()
     def propose(self, request: DraftRequest) -> DraftProposal:
@@ -324,21 +397,24 @@ class EagleDrafter:
         head = self.head
         pos = len(request.tokens) - 1  # decoder position of the pending token
         hid = request.hidden
-        x = head.first_input(hid.low[:, -1:], hid.mid[:, -1:], hid.last[:, -1:],
-                             torch.tensor([[request.tokens[-1]]], device=self._device),
-                             torch.tensor([[pos]], device=self._device))
+        x = head.first_input(hid.low[:, -1:], hid.mid[:, -1:], hid.last[:, -1:], *self._input(request.tokens[-1], pos))
         self._cache.length = 0
-        last = [None]  # the head's output of the latest step, input of the next
+        outs: list[torch.Tensor] = []  # the head's output of each step; the latest is the next step's input
 
         def step(x: torch.Tensor) -> torch.Tensor:
-            last[0], logits = self._step(x)
+            out, logits = self._step(x)
+            outs.append(out)
             return logits
 
         def advance(tok: int) -> torch.Tensor:  # the j-th draft token sits at pos + j, after j head steps
-            return step(head.next_input(last[0], torch.tensor([[tok]], device=self._device),
-                                        torch.tensor([[pos + self._cache.length]], device=self._device)))
+            return step(head.next_input(outs[-1], *self._input(tok, pos + self._cache.length)))
 
-        return draft_chain(request, min(request.budget, head.cfg.max_steps), step(x), advance, self.options)
+        def rewind(n: int) -> None:  # sparse tree, second pass: back to after the chain's first n tokens
+            del outs[n + 1 :]
+            self._cache.length = n + 1
+
+        return draft_chain(request, min(request.budget, head.cfg.max_steps), step(x), advance, self.options,
+                           rewind=rewind, vocab=self.vocab)
 
     def commit(self, tokens: list[int]) -> None:
         """Nothing to keep: every proposal starts from the target's latest hidden state."""

@@ -5,8 +5,9 @@ after a rejection) and drafts with the same logit filter as the target. Two Spec
 
 * adaptive length: stop drafting when the drafter's probability of its token falls below
   ``confidence_threshold`` (the first token is always drafted), capped by the request's budget;
-* two-pass sparse tree: after drafting the chain, add the drafter's next-best tokens as sibling
-  leaves at the low-confidence positions only (``tree_topk`` alternatives each).
+* two-pass sparse tree: after drafting the chain, the drafter's next-best tokens at the
+  low-confidence positions only (``tree_topk`` alternatives each) become branches, and the drafter
+  drafts ``branch_steps`` tokens on from each (rolling its cache back to the branch point).
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ class ModelDrafter:
             self._cached.append(tok)
             return self.model.score(self._state, torch.tensor([[tok]], device=self.model.device)).logits[0, -1]
 
-        return draft_chain(request, request.budget, self._sync(request.tokens), advance, self.options)
+        def rewind(n: int) -> None:  # back to the committed tokens + the chain's first n draft tokens
+            self._state.cache.crop(len(request.tokens) + n)
+            self._cached = self._cached[: len(request.tokens) + n]
+
+        return draft_chain(request, request.budget, self._sync(request.tokens), advance, self.options,
+                           rewind=rewind)
 
     def commit(self, tokens: list[int]) -> None:
         keep = shared_prefix(self._cached, tokens)

@@ -61,6 +61,19 @@ class CosyVoiceLM:
     def start(self, max_len: int, device: torch.device | str | None = None) -> Qwen2State:
         return self.qwen.start(max_len, 1, device)  # None: the target's device
 
+    def start_batch(self, capacity: int, max_len: int | None, spare: int = 0) -> Qwen2State:
+        """The batch contract (engines/batched.py) is the Qwen2 decoder's."""
+        return self.qwen.start_batch(capacity, max_len, spare)
+
+    def admit(self, state: Qwen2State, slot: int, context: None = None) -> None:
+        self.qwen.admit(state, slot, context)
+
+    def row_state(self, state: Qwen2State, slot: int, context: None = None) -> Qwen2State:
+        return self.qwen.row_state(state, slot, context)
+
+    def move(self, state: Qwen2State, src: int, dst: int) -> None:
+        self.qwen.move(state, src, dst)
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Input embeddings ``[B, n, hidden]`` of input-layout ids ``tokens [B, n]``."""
         lay = self.layout

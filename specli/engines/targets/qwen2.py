@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specli.engines.kv_cache import KVCache, cached_attention_mask
+from specli.engines.kv_cache import KVCache, RaggedKVCache
 from specli.engines.targets.layers import Linear
 from specli.engines.types import HiddenStates, ScoreOutput
 
@@ -90,7 +90,7 @@ def rope_theta(cfg: dict) -> float:
 class Qwen2State:
     """A decoder-only target's per-sequence state: the self-attention cache alone."""
 
-    cache: KVCache
+    cache: KVCache | RaggedKVCache  # a batch state (start_batch) holds one row per slot
 
     @property
     def length(self) -> int:
@@ -182,6 +182,29 @@ class Qwen2Target:
         dev = self.device if device is None else device
         return Qwen2State(KVCache(d.layers, batch, d.kv_heads, max_len, d.head_dim, self.dtype, dev))
 
+    # ---- the batch contract (engines/batched.py): slots of one preallocated state, rows [0, B) score
+    def start_batch(self, capacity: int, max_len: int | None, spare: int = 0) -> Qwen2State:
+        """An empty state of ``capacity`` slots, each ``max_len`` positions (+ ``spare`` padding slots)."""
+        d = self.dims
+        if max_len is None or not 0 < max_len <= d.max_positions:
+            raise ValueError(f"a batch needs max_len within 1..{d.max_positions} (prompt + new tokens of a row)")
+        return Qwen2State(RaggedKVCache(d.layers, capacity, d.kv_heads, max_len, d.head_dim, spare, self.dtype,
+                                        self.device))
+
+    def admit(self, state: Qwen2State, slot: int, context: None = None) -> None:
+        """Slot ``slot`` starts a new sequence (a decoder-only LM has no per-row context: the prompt is it)."""
+        if context is not None:
+            raise ValueError("a decoder-only target takes no context (prefill the prompt instead)")
+        state.cache.set_length(slot, 0)
+
+    def row_state(self, state: Qwen2State, slot: int, context: None = None) -> Qwen2State:
+        """Slot ``slot`` as a batch-1 state over the same memory (prefill of the row's prompt)."""
+        return Qwen2State(state.cache.row(slot))
+
+    def move(self, state: Qwen2State, src: int, dst: int) -> None:
+        """Copy slot ``src`` into slot ``dst`` (the batch stays compacted when a row leaves)."""
+        state.cache.move(src, dst)
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token embeddings ``[B, n, hidden]`` of ids ``tokens [B, n]``."""
         return self.embed_tokens[tokens]
@@ -197,24 +220,26 @@ class Qwen2Target:
     ) -> ScoreOutput:
         """One forward over a chain (default, causal) or a tree; K/V of all ``n`` inputs are appended.
 
-        The caller keeps what it accepts with ``state.cache.crop`` / ``state.cache.compact``.
+        The caller keeps what it accepts with ``state.cache.crop`` / ``state.cache.compact``. On a batch
+        state (:meth:`start_batch`) rows ``[0, B)`` score, each at its own length (and RoPE position),
+        and the lengths stay for the caller to set.
         """
         x = (self.embed(tokens) if embeds is None else embeds).to(self.dtype)  # [B, n, hidden]
-        cache, start, n = state.cache, state.cache.length, x.shape[1]
+        cache, (b, n) = state.cache, x.shape[:2]
         if positions is None:
-            positions = torch.arange(start, start + n, device=x.device).expand(x.shape[0], n)
+            positions = cache.positions(b, n, x.device)
         cos, sin = self._rope(positions)  # [B, 1, n, head_dim] each
-        mask = cached_attention_mask(start, n, tree_mask, x.device)
+        mask = cache.begin(b, n, tree_mask, x.device)
         states = {0: x}
         low = mid = x
         for i, blk in enumerate(self.blocks):
-            x = self._block(blk, i, x, cache, start, mask, cos, sin)
+            x = self._block(blk, i, x, cache, mask, cos, sin)
             states[i + 1] = x
             if i == 0:
                 low = x
             if i == self.mid_layer:
                 mid = x
-        cache.length = start + n
+        cache.end(n)
         last = rms_norm(x, self.norm, self.dims.rms_eps)
         logits = self.head(last).float()
         return ScoreOutput(logits, HiddenStates(low, mid, last, tuple(states[i] for i in self.aux_layers)))
@@ -224,7 +249,7 @@ class Qwen2Target:
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [B, 1, n, D]
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
-    def _block(self, blk: _Block, i: int, x, cache: KVCache, start: int, mask, cos, sin) -> torch.Tensor:
+    def _block(self, blk: _Block, i: int, x, cache: KVCache | RaggedKVCache, mask, cos, sin) -> torch.Tensor:
         d = self.dims
         b, n, _ = x.shape
         q, k, v = blk.qkv(rms_norm(x, blk.ln1, d.rms_eps)).split(blk.split, dim=-1)
@@ -233,8 +258,7 @@ class Qwen2Target:
         v = v.view(b, n, d.kv_heads, d.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        cache.write(i, start, k, v)
-        k_all, v_all = cache.view(i, start + n)  # [B, H_kv, T, D]
+        k_all, v_all = cache.update(i, k, v)  # [B, H_kv, T, D]
         groups = d.heads // d.kv_heads
         qg = q.reshape(b, d.kv_heads, groups * n, d.head_dim)  # query heads of one group share K/V
         mg = None if mask is None else mask.expand(-1, groups, -1, -1).reshape(mask.shape[0], 1, groups * n, -1)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from specli.engines.kv_cache import KVCache, cached_attention_mask
+from specli.engines.kv_cache import KVCache, RaggedKVCache
 from specli.engines.types import HiddenStates, ScoreOutput
 from specli.engines.targets.compiled import CompiledEncoder, compile_encoder
 from specli.engines.targets.layers import Linear, layer_norm
@@ -65,7 +65,7 @@ class DecoderState:
 
     audio_features: torch.Tensor  # [batch, audio_ctx, d_model] encoder output
     cross_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer ([B, H, audio_ctx, D],) * 2
-    cache: KVCache
+    cache: KVCache | RaggedKVCache  # a batch state (start_batch) holds one row per slot
     features: torch.Tensor | None = None  # [batch, n_mels, 3000] the window's input (for drafters)
 
     @property
@@ -195,14 +195,61 @@ class WhisperTarget:
         """New decoder state for one window: an empty cache and the cross-attention K/V."""
         d, heads = self.dims, self.dims.decoder_heads
         feats = audio_features.to(self.device, self.dtype)
-        cross = tuple(
-            (_split_heads(blk.cross_attn["k"](feats), heads), _split_heads(blk.cross_attn["v"](feats), heads))
-            for blk in self.dec_blocks
-        )
+        cross = self._cross_kv(feats)
         cache = KVCache(
             d.decoder_layers, feats.shape[0], heads, max_len or d.text_ctx, d.d_model // heads, self.dtype, feats.device
         )
         return DecoderState(feats, cross, cache, features)
+
+    def _cross_kv(self, feats: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Cross-attention K/V of every decoder layer for encoder output ``feats [B, A, d]``."""
+        heads = self.dims.decoder_heads
+        return tuple((_split_heads(blk.cross_attn["k"](feats), heads), _split_heads(blk.cross_attn["v"](feats), heads))
+                     for blk in self.dec_blocks)
+
+    # ---- the batch contract (engines/batched.py): slots of one preallocated state, rows [0, B) score
+    @torch.inference_mode()
+    def start_batch(self, capacity: int, max_len: int | None = None, spare: int = 0) -> DecoderState:
+        """An empty state of ``capacity`` slots: a ragged cache of ``max_len`` positions a row (+ ``spare``
+        padding slots) and room for each slot's encoder output and cross-attention K/V."""
+        d, heads = self.dims, self.dims.decoder_heads
+        hd = d.d_model // heads
+        feats = torch.zeros(capacity, d.audio_ctx, d.d_model, dtype=self.dtype, device=self.device)
+        cross = tuple(tuple(feats.new_zeros(capacity, heads, d.audio_ctx, hd) for _kv in range(2))
+                      for _ in self.dec_blocks)
+        cache = RaggedKVCache(d.decoder_layers, capacity, heads, min(max_len or d.text_ctx, d.text_ctx), hd, spare,
+                              self.dtype, self.device)
+        return DecoderState(feats, cross, cache)
+
+    @torch.inference_mode()
+    def admit(self, state: DecoderState, slot: int, context: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Slot ``slot`` starts a new window: its encoder output and cross K/V; empty cache.
+
+        ``context`` is the window's encoder output ``[1, A, d]``, or ``(encoder output, mel [1, n_mels,
+        3000])`` when a drafter encodes the window itself (the mel is handed to it by :meth:`row_state`).
+        """
+        feats = (context[0] if isinstance(context, tuple) else context).to(self.device, self.dtype)
+        if feats.shape[1:] != state.audio_features.shape[1:]:
+            raise ValueError(f"encoder output {tuple(feats.shape)} does not fit {tuple(state.audio_features.shape)}")
+        state.audio_features[slot] = feats[0]
+        for (ck, cv), (k, v) in zip(state.cross_kv, self._cross_kv(feats)):
+            ck[slot], cv[slot] = k[0], v[0]
+        state.cache.set_length(slot, 0)
+
+    def row_state(self, state: DecoderState, slot: int, context: object = None) -> DecoderState:
+        """Slot ``slot`` as a batch-1 state over the same memory (prefill, drafters); the row's
+        ``context`` (as given to :meth:`admit`) supplies the mel features when it carries them."""
+        cross = tuple((k[slot : slot + 1], v[slot : slot + 1]) for k, v in state.cross_kv)
+        mel = context[1] if isinstance(context, tuple) else None
+        return DecoderState(state.audio_features[slot : slot + 1], cross, state.cache.row(slot), mel)
+
+    @torch.inference_mode()
+    def move(self, state: DecoderState, src: int, dst: int) -> None:
+        """Copy slot ``src`` into slot ``dst`` (the batch stays compacted when a row leaves)."""
+        state.audio_features[dst] = state.audio_features[src]
+        for k, v in state.cross_kv:
+            k[dst], v[dst] = k[src], v[src]
+        state.cache.move(src, dst)
 
     @torch.inference_mode()
     def score(
@@ -215,15 +262,16 @@ class WhisperTarget:
         """One decoder forward over a chain (default, causal) or a tree of candidate tokens.
 
         The K/V of all ``n`` tokens are appended to the cache; the caller keeps what it accepts
-        with ``state.cache.crop`` / ``state.cache.compact``.
+        with ``state.cache.crop`` / ``state.cache.compact``. On a batch state (:meth:`start_batch`)
+        rows ``[0, B)`` score, each at its own length, and the lengths stay for the caller to set.
         """
         cache, heads = state.cache, self.dims.decoder_heads
-        start, n = cache.length, tokens.shape[1]
+        b, n = tokens.shape
         tokens = tokens.to(self.device)  # a no-op when the caller built them on the target's device
         if positions is None:
-            if start + n > self.dims.text_ctx:
-                raise ValueError(f"decoder position {start + n - 1} beyond {self.dims.text_ctx}")
-            positions = torch.arange(start, start + n, device=self.device).expand_as(tokens)
+            if cache.span(b, n) > self.dims.text_ctx:
+                raise ValueError(f"decoder position {cache.span(b, n) - 1} beyond {self.dims.text_ctx}")
+            positions = cache.positions(b, n, self.device)
         elif positions.device.type == "cpu" or cache.max_len > self.dims.text_ctx:
             # elsewhere the cache bound (tree positions < start + n <= max_len <= text_ctx) implies
             # this check, which would cost a host sync on an accelerator
@@ -231,15 +279,15 @@ class WhisperTarget:
                 raise ValueError(f"decoder position {int(positions.max())} beyond {self.dims.text_ctx}")
         positions = positions.to(self.device)
         x = self.embed[tokens] + self.dec_pos[positions]  # [B, n, d]
-        mask = cached_attention_mask(start, n, None if tree_mask is None else tree_mask.to(self.device), self.device)
+        mask = cache.begin(b, n, None if tree_mask is None else tree_mask.to(self.device), self.device)
         low = mid = x
         for i, blk in enumerate(self.dec_blocks):
-            x = self._decoder_block(blk, i, x, state, start, mask, heads)
+            x = self._decoder_block(blk, i, x, state, mask, heads)
             if i == 0:
                 low = x
             if i == self.mid_layer:
                 mid = x
-        cache.length = start + n
+        cache.end(n)
         last = layer_norm(x, self.dec_ln)
         logits = self.proj_out(last).float()
         return ScoreOutput(logits, HiddenStates(low, mid, last))
@@ -288,17 +336,16 @@ class WhisperTarget:
         logits = self.proj_out(layer_norm(x, self.dec_ln)).float()
         return CrossAttention(torch.stack([found[pair] for pair in heads], dim=1), logits)
 
-    def _decoder_block(
-        self, blk: _Block, i: int, x: torch.Tensor, state: DecoderState, start: int, mask, heads: int
-    ) -> torch.Tensor:
+    def _decoder_block(self, blk: _Block, i: int, x: torch.Tensor, state: DecoderState, mask, heads: int
+                       ) -> torch.Tensor:
         a = blk.self_attn
         h = layer_norm(x, blk.self_ln)
         q, k, v = (_split_heads(a[n](h), heads) for n in ("q", "k", "v"))
-        state.cache.write(i, start, k, v)
-        k_all, v_all = state.cache.view(i, start + x.shape[1])
+        k_all, v_all = state.cache.update(i, k, v)
         x = x + a["out"](_merge_heads(F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)))
         c = blk.cross_attn
         h = layer_norm(x, blk.cross_ln)
         ck, cv = state.cross_kv[i]
+        ck, cv = ck[: x.shape[0]], cv[: x.shape[0]]  # a batch state holds every slot; rows [0, B) score
         x = x + c["out"](_merge_heads(F.scaled_dot_product_attention(_split_heads(c["q"](h), heads), ck, cv)))
         return blk.mlp(x)

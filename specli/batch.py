@@ -12,12 +12,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specli.audio import AUDIO_EXTENSIONS, iter_audio_chunks
-from specli.engines.decoding import AR, drive
+from specli.engines.decoding import AR
 from specli.engines.language import check_model_name, check_model_support, normalize_language
 from specli.engines.scheduler import batch_unsupported, transcribe_batched
 from specli.engines.strategies import Engine, load_engine
 from specli.engines.targets.loader import WhisperModel
-from specli.engines.transcription import FileResult, FileSteps, TranscribeOptions, serve_one, transcribe_steps
+from specli.engines.transcription import (FileResult, FileSteps, TranscribeOptions, run_alone, run_file,
+                                          transcribe_steps)
 from specli.errors import AudioError, SpecliError, UsageError
 from specli.presets import DEFAULT_PRESET, Preset, load_preset
 from specli.resume import ResumeMode, decide, sidecar_path, write_sidecar
@@ -111,13 +112,11 @@ def file_steps(model: WhisperModel, path: Path, opts: TranscribeOptions, decode=
     return transcribe_steps(model, iter_audio_chunks(path), opts, on_window=on_window, **kwargs)
 
 
-def transcribe_file(model: WhisperModel, path: Path, opts: TranscribeOptions, decode=None,
-                    on_window: Callable[[float], None] | None = None, vad: VadOptions | None = None) -> FileResult:
-    """Transcribe one file with streaming audio; raises :class:`AudioError` for bad input.
+transcribe_file = run_alone(file_steps, "transcribe_file", """\
+Transcribe one file with streaming audio; raises :class:`AudioError` for bad input.
 
-    With ``vad``, the file is read fully and only its speech is transcribed (``specli.vad``).
-    """
-    return drive(file_steps(model, path, opts, decode, on_window, vad), lambda r: serve_one(model.target, r))
+With ``vad``, the file is read fully and only its speech is transcribed (``specli.vad``). Runs
+:func:`file_steps` (same arguments), answering each request on its own.""")
 
 
 def batch_size_for(model: WhisperModel, decode, batch_size: int) -> tuple[int, str | None]:
@@ -153,7 +152,7 @@ def transcribe_files(
     if size == 1:
         for key, path in jobs:
             try:
-                yield key, path and drive(steps(path)(), lambda r: serve_one(model.target, r))
+                yield key, path and run_file(model, steps(path)())
             except errors as exc:
                 yield key, exc
         return

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from specli.audio import SAMPLE_RATE
-from specli.engines.decoding import AR, DecodeMethod, drive
+from specli.engines.decoding import AR, DecodeMethod
 from specli.engines.targets.loader import WhisperModel
-from specli.engines.transcription import FileResult, FileSteps, Segment, TranscribeOptions, serve_one, transcribe_steps
+from specli.engines.transcription import FileSteps, Segment, TranscribeOptions, run_alone, transcribe_steps
 from specli.errors import ModelLoadError
 
 FRAME_SAMPLES = 512  # samples per Silero frame at 16 kHz (32 ms)
@@ -294,23 +294,6 @@ def remap_segment(seg: Segment, tmap: TimeMap) -> Segment:
     return dataclasses.replace(seg, **changes)
 
 
-def transcribe_speech(
-    model: WhisperModel,
-    chunks: Iterable[np.ndarray],
-    opts: TranscribeOptions,
-    vad: VadOptions,
-    decode: DecodeMethod = AR,
-    on_window: Callable[[float], None] | None = None,
-    vad_model: SileroVad | None = None,
-) -> FileResult:
-    """Transcribe only the speech of 16 kHz mono ``chunks`` (read fully); times are the original file's.
-
-    Audio without speech gives a result without segments. ``stats.audio_seconds`` is the whole file.
-    """
-    steps = speech_steps(model, chunks, opts, vad, decode, on_window, vad_model)
-    return drive(steps, lambda request: serve_one(model.target, request))
-
-
 def speech_steps(
     model: WhisperModel,
     chunks: Iterable[np.ndarray],
@@ -320,7 +303,8 @@ def speech_steps(
     on_window: Callable[[float], None] | None = None,
     vad_model: SileroVad | None = None,
 ) -> FileSteps:
-    """:func:`transcribe_speech` as a step machine (:func:`specli.engines.transcription.transcribe_steps`)."""
+    """Only the speech of ``chunks`` transcribed, as a step machine (:func:`transcribe_speech` runs it on its
+    own; :func:`specli.engines.transcription.transcribe_steps` over the speech spans)."""
     pieces = list(chunks)
     audio = np.concatenate(pieces) if len(pieces) > 1 else (pieces[0] if pieces else np.zeros(0, np.float32))
     spans = speech_timestamps(audio, vad, vad_model or load_vad())
@@ -331,3 +315,10 @@ def speech_steps(
     if on_window is not None:
         on_window(audio.size / SAMPLE_RATE)
     return dataclasses.replace(result, segments=[remap_segment(s, tmap) for s in result.segments])
+
+
+transcribe_speech = run_alone(speech_steps, "transcribe_speech", """\
+Transcribe only the speech of 16 kHz mono ``chunks`` (read fully); times are the original file's.
+
+Audio without speech gives a result without segments. ``stats.audio_seconds`` is the whole file.
+Runs :func:`speech_steps` (same arguments), answering each request on its own.""")

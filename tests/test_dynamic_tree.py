@@ -24,10 +24,10 @@ from specli.engines.drafters.model import ModelDrafter
 from specli.engines.greedy import greedy_decode
 from specli.engines.logits import filter_logits
 from specli.engines.speculative import SpecOptions, speculative_decode
-from specli.engines.tree import depths
+from specli.engines.tree import depths, path_to
 from specli.errors import PresetError
 from specli.presets import load_preset, preset_from_dict
-from test_sampling import PARAMS, _exact_two_token_marginals, tv
+from test_sampling import assert_two_token_marginals, tv
 from tiny_models import EOT, NO_TS, SOT, VOCAB, tiny_rules, tiny_target, window
 
 TARGET = tiny_target(0)
@@ -176,11 +176,7 @@ def test_dynamic_tree_needs_the_heads_cache_room():
 
 
 def _path(prop, node: int) -> list[int]:
-    out = []
-    while node >= 0:
-        out.append(prop.tokens[node])
-        node = prop.parents[node]
-    return out[::-1]
+    return [prop.tokens[i] for i in path_to(prop.parents, node)]
 
 
 def test_second_pass_drafts_on_from_each_alternative():
@@ -213,20 +209,8 @@ def test_sampling_with_a_dynamic_tree_keeps_the_target_distribution():
     target = tiny_target(0, init_std=0.15)
     torch.manual_seed(2)
     head = SpeechDraftHead(EagleConfig.for_target(target, "tiny"), target)
-    rules, prompt, audio_seed = tiny_rules(False), [SOT, NO_TS], 11
-    p1, p2 = _exact_two_token_marginals(target, prompt, rules, audio_seed)
     drafter = DynamicTreeDrafter(head, DynamicTreeOptions(depth=2, topk=3, total=6))
-    runs = 600
-    c1, c2 = torch.zeros(VOCAB), torch.zeros(VOCAB)
-    for seed in range(runs):
-        out = speculative_decode(target, window(target, audio_seed), prompt, rules, EOT, 2, drafter=drafter,
-                                 options=SpecOptions(max_draft=6, sampling=PARAMS, seed=seed))
-        c1[out.tokens[0]] += 1
-        c2[out.tokens[1]] += 1
-    bound1 = 3 * 0.5 * (int((p1 > 0).sum()) / runs) ** 0.5
-    bound2 = 3 * 0.5 * (int((p2 > 0).sum()) / runs) ** 0.5
-    assert tv(c1, p1) < bound1
-    assert tv(c2, p2) < bound2
+    _, p1, bound1 = assert_two_token_marginals(target, drafter, runs=600, max_draft=6)
     point = torch.zeros(VOCAB)
     point[int(p1.argmax())] = 1.0
     # every proposal is a point mass: a verifier that kept the draft would be this far away at least

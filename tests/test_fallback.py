@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from specli.engines import speculative
 from specli.engines.decoding import (DecodeMethod, DecodingOptions, avg_logprob, decode_attempt, decode_with_fallback,
-                                     is_silent, needs_fallback, rank_score, should_skip)
+                                     fallback_steps, is_silent, needs_fallback, rank_score, should_skip)
 from specli.engines.drafters.model import ModelDrafter
 from specli.engines.logits import SamplingParams, filter_logits
 from specli.engines.speculative import SpecOptions
@@ -104,9 +104,9 @@ def test_average_logprob_and_ranking_follow_whisper():
 
 def _tiny_fallback(options: DecodingOptions, method: DecodeMethod = DecodeMethod(), seed: int = 0):
     target = tiny_target(0, init_std=0.15)
-    return decode_with_fallback(target, window(target, 11), [SOT, NO_TS], tiny_rules(False), EOT, 6, None, 0,
-                                options=options, text_of=lambda toks: " ".join(map(str, toks)), method=method,
-                                generator=torch.Generator().manual_seed(seed))
+    return decode_with_fallback(target, window(target, 11), fallback_steps(
+        [SOT, NO_TS], tiny_rules(False), EOT, 6, None, 0, options=options,
+        text_of=lambda toks: " ".join(map(str, toks)), method=method, generator=torch.Generator().manual_seed(seed)))
 
 
 def test_a_decode_that_passes_is_kept_at_temperature_zero():
@@ -130,8 +130,9 @@ def test_likely_silence_stops_the_fallback_at_once():
                            logprob_threshold=None, no_speech_threshold=0.0)
 
     def run(o: DecodingOptions):
-        return decode_with_fallback(target, window(target, 11), [SOT, NO_TS], tiny_rules(False), EOT, 6, NO_TS, 0,
-                                    options=o, text_of=str, generator=torch.Generator().manual_seed(0))
+        return decode_with_fallback(target, window(target, 11), fallback_steps(
+            [SOT, NO_TS], tiny_rules(False), EOT, 6, NO_TS, 0, options=o, text_of=str,
+            generator=torch.Generator().manual_seed(0)))
 
     stopped = run(opts)
     assert (stopped.attempts, stopped.first_failed) == (1, True)
@@ -188,8 +189,8 @@ def _first_tokens(method: DecodeMethod, runs: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1234)
     counts = torch.zeros(VOCAB)
     for _ in range(runs):
-        out = decode_with_fallback(target, window(target, 11), [SOT, NO_TS], rules, EOT, 3, None, 0, options=opts,
-                                   text_of=str, method=method, generator=gen)
+        out = decode_with_fallback(target, window(target, 11), fallback_steps(
+            [SOT, NO_TS], rules, EOT, 3, None, 0, options=opts, text_of=str, method=method, generator=gen))
         assert out.temperature == 0.6
         counts[out.result.tokens[0] if out.result.tokens else EOT] += 1
     return counts

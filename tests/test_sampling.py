@@ -78,23 +78,30 @@ def _exact_two_token_marginals(target, prompt, rules, audio_seed):
     return p1, p2
 
 
-def test_speculative_sampling_end_to_end_matches_target():
-    target = tiny_target(0, init_std=0.15)
-    drafter_model = tiny_target(1, layers=1, init_std=0.15)
+def assert_two_token_marginals(target, drafter, runs: int, max_draft: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Sample the first two tokens ``runs`` times (seeds 0..runs-1) speculatively with ``drafter`` and
+    assert their frequencies are within the TV bound of the target's exact marginals. Returns the
+    first-token counts, the exact first-token distribution and its bound (for the power checks)."""
     rules, prompt, audio_seed = tiny_rules(False), [SOT, NO_TS], 11
     p1, p2 = _exact_two_token_marginals(target, prompt, rules, audio_seed)
-    q1, _ = _exact_two_token_marginals(drafter_model, prompt, rules, audio_seed)
-    runs = 1000
     c1, c2 = torch.zeros(VOCAB), torch.zeros(VOCAB)
-    drafter = ModelDrafter(drafter_model, share_encoder=True)
     for seed in range(runs):
         out = speculative_decode(target, window(target, audio_seed), prompt, rules, EOT, 2, drafter=drafter,
-                                 options=SpecOptions(max_draft=3, sampling=PARAMS, seed=seed))
+                                 options=SpecOptions(max_draft=max_draft, sampling=PARAMS, seed=seed))
         c1[out.tokens[0]] += 1
         c2[out.tokens[1]] += 1
     bound1 = 3 * 0.5 * (int((p1 > 0).sum()) / runs) ** 0.5
     bound2 = 3 * 0.5 * (int((p2 > 0).sum()) / runs) ** 0.5
     assert tv(c1, p1) < bound1
     assert tv(c2, p2) < bound2
+    return c1, p1, bound1
+
+
+def test_speculative_sampling_end_to_end_matches_target():
+    target = tiny_target(0, init_std=0.15)
+    drafter_model = tiny_target(1, layers=1, init_std=0.15)
+    drafter = ModelDrafter(drafter_model, share_encoder=True)
+    c1, p1, bound1 = assert_two_token_marginals(target, drafter, runs=1000, max_draft=3)
+    q1, _ = _exact_two_token_marginals(drafter_model, [SOT, NO_TS], tiny_rules(False), 11)
     assert tv(p1, q1) > 2 * bound1, "the drafter must differ from the target for this test to have power"
     assert tv(c1, q1) > bound1

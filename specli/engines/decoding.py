@@ -265,25 +265,9 @@ def fallback_steps(
     return kept
 
 
-def decode_with_fallback(
-    target: Target,
-    state: TargetState,
-    prompt: list[int],
-    rules: LogitRules,
-    eot: int,
-    max_new_tokens: int,
-    no_speech: int | None,
-    sot_index: int,
-    *,
-    options: DecodingOptions,
-    text_of: Callable[[list[int]], str],
-    method: DecodeMethod = AR,
-    generator: torch.Generator | None = None,
-) -> WindowDecode:
-    """openai-whisper's ``decode_with_fallback`` for one window (:func:`fallback_steps`, each attempt
-    decoded on ``state``); ``text_of`` decodes tokens to text."""
-    steps = fallback_steps(prompt, rules, eot, max_new_tokens, no_speech, sot_index, options=options,
-                           text_of=text_of, method=method, generator=generator)
+def decode_with_fallback(target: Target, state: TargetState, steps: FallbackSteps) -> WindowDecode:
+    """openai-whisper's ``decode_with_fallback`` for one window: its :func:`fallback_steps` run to the
+    kept decode, each attempt decoded on ``state`` (:func:`run_attempt`)."""
     return drive(steps, lambda attempt: run_attempt(target, state, attempt))
 
 

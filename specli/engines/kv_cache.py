@@ -19,7 +19,20 @@ import torch
 from specli.engines.device import host_to_device
 
 
-class KVCache:
+class _KVTensors:
+    """The preallocated keys and values both caches hold: ``[layers, rows, heads, slots, head_dim]`` each."""
+
+    def __init__(self, shape: tuple[int, int, int, int, int], dtype: torch.dtype, device: torch.device | str) -> None:
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H, T, D]
+        self.values = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H, T, D]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the cache (and so the decode step's tensors) lives."""
+        return self.keys.device
+
+
+class KVCache(_KVTensors):
     """Keys and values of every decoder layer, ``[layers, batch, heads, max_len, head_dim]`` each.
 
     All rows of the batch share one ``length`` (batch-shaped tensors, one sequence length).
@@ -35,15 +48,8 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (layers, batch, heads, max_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H, T, D]
-        self.values = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H, T, D]
+        super().__init__((layers, batch, heads, max_len, head_dim), dtype, device)
         self.length = 0  # slots [0, length) hold valid tokens
-
-    @property
-    def device(self) -> torch.device:
-        """Where the cache (and so the decode step's tensors) lives."""
-        return self.keys.device
 
     @property
     def max_len(self) -> int:
@@ -128,7 +134,7 @@ def cached_attention_mask(start: int, n: int, tree_mask: torch.Tensor | None,  #
     return torch.cat([prefix, tree_mask.to(torch.bool)], dim=2).unsqueeze(1)
 
 
-class RaggedKVCache:
+class RaggedKVCache(_KVTensors):
     """Self-attention cache of a batch of independent sequences: ``[layers, capacity, heads, slots,
     head_dim]`` with one length per row (``lengths``, kept on the host).
 
@@ -143,16 +149,10 @@ class RaggedKVCache:
 
     def __init__(self, layers: int, capacity: int, heads: int, max_len: int, head_dim: int, spare: int = 0,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
-        shape = (layers, capacity, heads, max_len + spare, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [L, N, H, S, D]
-        self.values = torch.zeros(shape, dtype=dtype, device=device)  # [L, N, H, S, D]
+        super().__init__((layers, capacity, heads, max_len + spare, head_dim), dtype, device)  # [L, N, H, S, D]
         self.max_len = max_len  # longest sequence of one row
         self.lengths = [0] * capacity  # slots [0, lengths[b]) of row b hold its valid tokens
         self._step: tuple | None = None  # (rows, n, scatter indices or None) of the score in progress
-
-    @property
-    def device(self) -> torch.device:
-        return self.keys.device
 
     @property
     def capacity(self) -> int:

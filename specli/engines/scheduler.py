@@ -63,9 +63,8 @@ def _batch_drafter(drafter: Drafter) -> Callable[[int], BatchDrafter] | None:
     """How to build a batch drafter of ``capacity`` slots for the preset's ``drafter``: the batched EAGLE
     drafter (one head forward for all rows) for EAGLE chains, else one fresh drafter per row; None when
     ``drafter`` cannot be rebuilt per row."""
-    head = getattr(drafter, "_trained", None)  # EagleDrafter keeps the head it packs
-    if isinstance(drafter, EagleDrafter) and head is not None and not drafter.options.tree_topk:
-        return lambda capacity: BatchedEagleDrafter(head, capacity, drafter.options)
+    if isinstance(drafter, EagleDrafter) and not drafter.options.tree_topk:
+        return lambda capacity: BatchedEagleDrafter(drafter.trained, capacity, drafter.options)
     make = _per_row(drafter)
     return None if make is None else (lambda _capacity: PerRowDrafters(make))
 

@@ -13,10 +13,11 @@ and many files batched together (:mod:`specli.engines.scheduler`).
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Concatenate, Literal, ParamSpec
 
 import numpy as np
 import torch
@@ -35,6 +36,8 @@ from specli.engines.types import DecodeResult, DecodeStats, TargetState, accumul
 #: Called after each window's decode with the window's state, prompt and kept decode (distillation
 #: records on-policy windows through it).
 WindowObserver = Callable[[TargetState, list[int], WindowDecode], None]
+
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True)
@@ -205,18 +208,23 @@ def serve_one(target: object, request: EncodeRequest | DecodeRequest) -> Encoded
     return run_attempt(target, request.window.state, request.attempt)
 
 
-def transcribe_stream(
-    model: WhisperModel,
-    chunks: Iterable[np.ndarray],
-    opts: TranscribeOptions = TranscribeOptions(),
-    decode: DecodeMethod = AR,
-    on_window: Callable[[float], None] | None = None,
-    on_decode: WindowObserver | None = None,
-) -> FileResult:
-    """Transcribe 16 kHz mono chunks with ``decode`` (plain or speculative); ``on_window(seconds_done)``
-    reports progress. Drives :func:`transcribe_steps`, answering each request on its own."""
-    steps = transcribe_steps(model, chunks, opts, decode, on_window, on_decode)
+def run_file(model: WhisperModel, steps: FileSteps) -> FileResult:
+    """Run a file's step machine to its end on its own (batch 1): each request answered by :func:`serve_one`."""
     return drive(steps, lambda request: serve_one(model.target, request))
+
+
+def run_alone(steps_of: Callable[Concatenate[WhisperModel, P], FileSteps], name: str,
+              doc: str) -> Callable[Concatenate[WhisperModel, P], FileResult]:
+    """The function ``name`` that runs the file step machine ``steps_of(model, ...)`` builds, on its own
+    (batch 1, :func:`run_file`), with the same arguments."""
+
+    def run(model: WhisperModel, *args: P.args, **kwargs: P.kwargs) -> FileResult:
+        return run_file(model, steps_of(model, *args, **kwargs))
+
+    run.__name__ = run.__qualname__ = name
+    run.__module__, run.__doc__ = steps_of.__module__, doc
+    run.__signature__ = inspect.signature(steps_of).replace(return_annotation="FileResult")
+    return run
 
 
 def transcribe_steps(
@@ -279,6 +287,11 @@ def transcribe_steps(
             on_window(seek * HOP_LENGTH / SAMPLE_RATE)
     stats.audio_seconds = (reader.total or seek * HOP_LENGTH) / SAMPLE_RATE
     return FileResult(language, lang_prob, segments, stats)
+
+
+transcribe_stream = run_alone(transcribe_steps, "transcribe_stream", """\
+Transcribe 16 kHz mono chunks with ``decode`` (plain or speculative); ``on_window(seconds_done)``
+reports progress. Runs :func:`transcribe_steps` (same arguments), answering each request on its own.""")
 
 
 def _encode_window(model: WhisperModel, audio: np.ndarray, stats: FileStats) -> Generator:

@@ -39,6 +39,7 @@ from specli.engines.drafters.eagle import SpeechDraftHead, packed_for_inference
 from specli.engines.kv_cache import KVCache
 from specli.engines.logits import DraftVocab
 from specli.engines.targets.whisper import DecoderState
+from specli.engines.tree import path_to
 
 MAX_TOPK = 8  # nodes expanded per level (and children per node), at most
 
@@ -88,11 +89,7 @@ class _Nodes:
 
     def path(self, node: int) -> list[int]:
         """Tokens from the root's child down to ``node`` (empty for the root, ``-1``)."""
-        out = []
-        while node >= 0:
-            out.append(self.tokens[node])
-            node = self.parents[node]
-        return out[::-1]
+        return [self.tokens[i] for i in path_to(self.parents, node)]
 
     def ancestor_slots(self, node: int) -> list[int]:
         """Head cache slots that ``node``'s row attends to besides itself: the root's and its expanded ancestors'."""

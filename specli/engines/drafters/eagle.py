@@ -351,6 +351,11 @@ class EagleDrafter:
         self._tok = torch.zeros((1, 1), dtype=torch.long, device=self._device)  # [1, 1] the step's input token
         self._pos = torch.zeros((1, 1), dtype=torch.long, device=self._device)  # [1, 1] and its decoder position
 
+    @property
+    def trained(self) -> SpeechDraftHead:
+        """The head this drafter was built from (it drafts with packed copies of it, ``self.head``)."""
+        return self._trained
+
     def _head_dtype(self, target_dtype: torch.dtype) -> torch.dtype:
         """The head's inference dtype under a target computing in ``target_dtype``."""
         if self._dtype is not None:

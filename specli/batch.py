@@ -119,6 +119,9 @@ With ``vad``, the file is read fully and only its speech is transcribed (``specl
 :func:`file_steps` (same arguments), answering each request on its own.""")
 
 
+DEFAULT_BATCH_SIZE = 4  # the CLI's files in flight: fastest measured on 2-vCPU machines (README, "Batch sizes")
+
+
 def batch_size_for(model: WhisperModel, decode, batch_size: int) -> tuple[int, str | None]:
     """The batch size that runs: ``batch_size``, or 1 with the reason when the preset's decoding cannot
     run batched on this model (the caller says so; outputs are the same either way)."""
@@ -211,11 +214,16 @@ def _in_input_order(outcomes: Iterable[tuple[int, Outcome]]) -> Iterator[Outcome
     before it)."""
     done: dict[int, Outcome] = {}
     following = 0  # the next input index to yield
-    for i, outcome in outcomes:
-        done[i] = outcome
-        while following in done:
-            yield done.pop(following)
-            following += 1
+    try:
+        for i, outcome in outcomes:
+            done[i] = outcome
+            while following in done:
+                yield done.pop(following)
+                following += 1
+    except KeyboardInterrupt:  # what finished is written: report it (input order, gaps allowed), then stop
+        for i in sorted(done):
+            yield done.pop(i)
+        raise
 
 
 def _skip(item: InputFile, formats: Sequence[str], settings: Mapping[str, object], mode: ResumeMode,

@@ -182,11 +182,15 @@ class ShardedRun:
         return [items[i] for i in self.mine]
 
     def add(self, row: dict) -> None:
-        """The row of the next input of this rank's share (``status`` and what the manifest shows; its
-        ``input`` must be that input's label: outcomes come in input order)."""
-        index = self.mine[len(self.rows)]
-        if row.get("input", self.labels[index]) != self.labels[index]:
-            raise ValueError(f"row for {row['input']!r} where {self.labels[index]!r} was next")
+        """The row of an input of this rank's share still to come (``status`` and what the manifest shows;
+        ``input``: its label). Rows come in input order, except the files already written when a batched
+        run is interrupted."""
+        added = {r["index"] for r in self.rows}
+        pending = [i for i in self.mine if i not in added]
+        label = row.get("input")
+        index = next((i for i in pending if label is None or self.labels[i] == label), None)
+        if index is None:
+            raise ValueError(f"row for {label!r}: not an input of this rank still to come")
         self.rows.append({"index": index, **row, "rank": self.shard.rank})
 
     def finish(self) -> RunReport:

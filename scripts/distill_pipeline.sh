@@ -11,7 +11,9 @@
 # job `specli distill data` skips the clips already in its manifest. One pipeline at a time (flock).
 # Everything lives under $DISTILL (default /work/distill, never in git): audio/, labels/<target>/{train,val}/...,
 # heads/<target>/, logs/, code/ (the specli the labels are made with: HEAD when first run plus this task's
-# uncommitted distill files; delete it to label with newer code). Jobs run with `nice -n 10` and one thread (OMP_NUM_THREADS=1) unless THREADS is set.
+# uncommitted distill files; delete it to label with newer code). Jobs run with `nice -n 10` and one thread (OMP_NUM_THREADS=1) unless THREADS is set; labels are decoded in
+# float32 unless DTYPE is set (bfloat16: ~2x faster on CPUs with native bf16, the labels of the bf16 default),
+# BATCH files at a time (default 4: batched greedy decoding, the same labels, ~1.5x the files per second).
 #
 # Data mix (scripts/distill_plan.py): every training source chunked round-robin; 70% of training clips decoded
 # with timestamps, 30% without; for whisper-base 20% of non-English clips labelled by the translate task.
@@ -20,7 +22,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 ROOT=${DISTILL:-/work/distill}
 AUDIO=$ROOT/audio LABELS=$ROOT/labels LOGS=$ROOT/logs
-THREADS=${THREADS:-1} CHUNK=${CHUNK:-40} TIMESTAMPS=${TIMESTAMPS:-70} TRANSLATE=${TRANSLATE:-20}
+THREADS=${THREADS:-1} CHUNK=${CHUNK:-40} DTYPE=${DTYPE:-float32} BATCH=${BATCH:-4} TIMESTAMPS=${TIMESTAMPS:-70} TRANSLATE=${TRANSLATE:-20}
 PY=${PYTHON:-python}
 mkdir -p "$LOGS"
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
@@ -62,7 +64,7 @@ labels() {  # labels TARGET: every job of the plan not yet done
         local dir=$LABELS/$target/$out marker
         marker=$dir/.done-$cid
         [[ -f $marker ]] && continue
-        local flags=(--task "$task" --language "$lang" --dtype float32 -q)  # the reference decode on any CPU
+        local flags=(--task "$task" --language "$lang" --dtype "$DTYPE" --batch-size "$BATCH" -q)  # float32: the reference decode on any CPU
         [[ $ts == nots ]] && flags+=(--no-timestamps)
         local t0=$SECONDS n
         n=$(wc -w <<<"$clips")

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from conftest import EN_CLIPS
+from conftest import EN_CLIPS, ES_CLIPS
 from specli.cli import main
 
 pytestmark = pytest.mark.slow
@@ -190,3 +190,28 @@ def test_runs_survive_a_failing_report_and_rebuild_it(tmp_path, monkeypatch):
     assert (ll["identical"], ll["compared"]) == (2, 2)
     assert report["run"]["elapsed_seconds"] is None and report["machine"]["threads"] == 1
     assert "elapsed - s" in (rebuilt / "report.md").read_text()
+
+
+def test_bench_translate_task_runs_presets_and_peer_on_english_output(tmp_path):
+    """--task translate: the whisper-base presets and faster-whisper all translate a Spanish clip to English
+    (the EAGLE preset token-identical to AR); an English-only model is refused before measuring."""
+    def run(task: str) -> dict:
+        out = tmp_path / task
+        args = ["bench", str(ES_CLIPS[0]), "--presets", "whisper-base-ar,whisper-eagle-asr", "--peers",
+                "faster-whisper", "--task", task, "--language", "es", "--repeat", "1", "--no-warmup", "--threads", "2",
+                "--dtype", "float32", "--no-plots", "--out", str(out), "-q"]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        return json.loads((out / "report.json").read_text())
+
+    report = run("translate")
+    assert report["run"]["options"]["task"] == "translate"
+    ll = {s["system"]: s for s in report["summaries"]}["whisper-eagle-asr"]["lossless"]
+    assert (ll["identical"], ll["compared"]) == (1, 1)
+    english = {u["system"]: u["text"] for u in report["utterances"]}
+    spanish = {u["system"]: u["text"] for u in run("transcribe")["utterances"]}
+    for system in ("whisper-base-ar", "faster-whisper"):  # another text than the Spanish transcript
+        assert english[system].strip() and english[system] != spanish[system], (system, english[system])
+    refused = CliRunner().invoke(main, ["bench", str(EN_CLIPS[0]), "--presets", "whisper-tiny.en-ar", "--task",
+                                        "translate", "--out", str(tmp_path / "x"), "-q"])
+    assert refused.exit_code != 0 and "English-only" in refused.output

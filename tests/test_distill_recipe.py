@@ -48,7 +48,7 @@ def _windows(seeds=(1, 2, 3)) -> list[dict]:
 
 
 @pytest.mark.parametrize("bad", [{"feature_noise": -0.1}, {"dropout": 1.0}, {"dropout": -0.01},
-                                 {"feature_noise": float("nan")}])
+                                 {"feature_noise": float("nan")}, {"precision": "float16"}])
 def test_train_options_reject_bad_regularisers(bad):
     with pytest.raises(ValueError):
         TrainOptions(**bad)
@@ -118,6 +118,26 @@ def test_train_with_noise_and_dropout_saves_a_head_in_the_unchanged_format(tmp_p
     assert meta["reg"]["config"] == meta["plain"]["config"] and meta["reg"]["format"] == meta["plain"]["format"]
     assert meta["reg"]["training"]["feature_noise"] == 0.1 and meta["reg"]["training"]["dropout"] == 0.2
     assert not any(isinstance(m, torch.nn.Dropout) for m in noisy_head.modules())
+
+
+def test_bfloat16_precision_trains_float32_weights_that_learn(tmp_path):
+    """--precision bfloat16: the steps run under CPU autocast, the head's weights and AdamW state stay float32,
+    the loss falls as in float32, and the head is saved in the unchanged format with the precision recorded."""
+    windows = _windows()
+    opts = dict(epochs=12, steps=12, batch=3, draft_vocab=20, feature_noise=0, dropout=0, lr=3e-3, warmup=1)
+    torch.manual_seed(0)  # the fusion layers' initialisation
+    plain = train(windows, MODEL, tmp_path / "fp32", TrainOptions(**opts))
+    torch.manual_seed(0)
+    half = train(windows, MODEL, tmp_path / "bf16", TrainOptions(**opts, precision="bfloat16"))
+    assert half.steps == plain.steps == 12 and half.last_loss != plain.last_loss  # bf16 matmuls: other roundings
+    head = load_head(tmp_path / "bf16", TARGET)
+    assert all(p.dtype == torch.float32 for p in head.parameters())
+    first = float(unrolled_loss(SpeechDraftHead.for_target(TARGET, "tiny", head.vocab_ids).init_from_target(TARGET),
+                                make_batch(windows, 7, 64), 0.8)[0])
+    learned = float(unrolled_loss(head, make_batch(windows, 7, 64), 0.8)[0])
+    assert learned < 0.8 * first and abs(half.last_loss - plain.last_loss) < 0.25 * plain.last_loss + 0.1
+    meta = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    assert meta["training"]["precision"] == "bfloat16"
 
 
 def _cli(*args):

@@ -295,6 +295,32 @@ def test_distill_data_is_resumable(tmp_path, whisper_models):
     assert np.char.str_len(text) > 3
 
 
+def test_batched_labels_equal_one_file_at_a_time_and_a_bad_file_fails_alone(tmp_path, whisper_models):
+    """--batch-size 3: the same windows (tokens, prompt length, states) as labelling one file at a time, a
+    long-form file included; an unreadable file among them is reported after the others are written."""
+    model = whisper_models("whisper-tiny.en")
+    long = tmp_path / "long.wav"
+    sf.write(long, np.concatenate([sf.read(c, dtype="float32")[0] for c in EN_CLIPS * 2]), 16000)  # 47 s
+    clips = [EN_CLIPS[0], long, EN_CLIPS[3], EN_CLIPS[4]]
+    generate(clips, model, tmp_path / "one")
+    with pytest.raises(AudioError, match="missing.wav"):
+        generate([clips[0], tmp_path / "missing.wav", *clips[1:]], model, tmp_path / "batched", batch_size=3)
+    assert sorted(read_manifest(tmp_path / "batched")["done"]) == sorted(read_manifest(tmp_path / "one")["done"])
+
+    def per_file(out):  # file -> its windows, read through the manifest's shard of that file
+        return {f: torch.load(out / e["shard"], weights_only=True)["windows"]
+                for f, e in read_manifest(out)["done"].items()}
+
+    one, batched = per_file(tmp_path / "one"), per_file(tmp_path / "batched")
+    assert len(one[str(long.resolve())]) > 1  # the long file has several windows
+    for f, windows in one.items():
+        assert len(windows) == len(batched[f]), f
+        for w, b in zip(windows, batched[f]):
+            assert w["tokens"].tolist() == b["tokens"].tolist() and w["plen"] == b["plen"]
+            for name in ("audio", "low", "mid", "last"):
+                assert torch.allclose(w[name].float(), b[name].float(), atol=2e-2), name
+
+
 def test_distill_cli_data_without_timestamps_then_train_on_two_dirs(tmp_path, one_torch_thread):
     from click.testing import CliRunner
 

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from specli.engines.targets.loader import WhisperModel
+from specli.engines.transcription import Task
 from specli.engines.targets.resolve import BUNDLED, cache_root, find_package_dir, is_ct2_dir
 from specli.errors import SpecliError
 
@@ -108,9 +109,10 @@ class HFPeer(Peer):
     name = "hf"
     dtype = "float32"  # transformers in float32, whatever the target's dtype
 
-    def __init__(self, model: WhisperModel) -> None:
+    def __init__(self, model: WhisperModel, task: Task = "transcribe") -> None:
         from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
+        self.task = task  # transcribe, or translate (X -> English)
         self.device = model.target.device  # the target's device; float32 weights there
         self.model = WhisperForConditionalGeneration.from_pretrained(model.path, dtype=torch.float32).eval()
         self.model.to(self.device)
@@ -122,7 +124,7 @@ class HFPeer(Peer):
     def transcribe(self, audio: np.ndarray, language: str | None, timestamps: bool) -> str:
         kwargs: dict = {"do_sample": False, "num_beams": 1, "return_timestamps": timestamps}
         if self.multilingual:
-            kwargs.update(language=language or "en", task="transcribe")
+            kwargs.update(language=language or "en", task=self.task)
         if len(audio) <= MAX_SHORT_FORM_SECONDS * 16000:
             feats = self.features(audio, sampling_rate=16000, return_tensors="pt").input_features
         elif not timestamps:
@@ -147,7 +149,8 @@ class HFPeer(Peer):
 class FasterWhisperPeer(Peer):
     """faster-whisper (CTranslate2) on the bundled CTranslate2 weights, greedy, no VAD."""
 
-    def __init__(self, model: WhisperModel, threads: int | None, compute_type: str | None = None) -> None:
+    def __init__(self, model: WhisperModel, threads: int | None, compute_type: str | None = None,
+                 task: Task = "transcribe") -> None:
         if importlib.util.find_spec("faster_whisper") is None:
             raise BenchError("peer 'faster-whisper' needs the package: pip install 'specli[peers]'")
         from faster_whisper import WhisperModel as FWModel
@@ -156,12 +159,13 @@ class FasterWhisperPeer(Peer):
         dev = model.target.device  # the same device as the specli target it is compared with
         self.dtype = peer_compute_type(model.target.dtype, dev.type, compute_type)
         self.name = PeerSpec("faster-whisper", compute_type).name
+        self.task = task  # transcribe, or translate (X -> English)
         self.model = FWModel(str(path), device=dev.type, device_index=dev.index or 0, compute_type=self.dtype,
                              cpu_threads=threads or 0)
 
     def transcribe(self, audio: np.ndarray, language: str | None, timestamps: bool) -> str:
         segments, _info = self.model.transcribe(
-            audio, language=language or "en", task="transcribe", beam_size=1, temperature=0.0,
+            audio, language=language or "en", task=self.task, beam_size=1, temperature=0.0,
             condition_on_previous_text=True, without_timestamps=not timestamps, vad_filter=False)
         return "".join(s.text for s in segments).strip()  # decoding happens while iterating: timed
 
@@ -177,8 +181,8 @@ class FasterWhisperBatchedPeer(FasterWhisperPeer):
     """
 
     def __init__(self, model: WhisperModel, threads: int | None, compute_type: str | None = None,
-                 batch_size: int = DEFAULT_PEER_BATCH) -> None:
-        super().__init__(model, threads, compute_type)
+                 batch_size: int = DEFAULT_PEER_BATCH, task: Task = "transcribe") -> None:
+        super().__init__(model, threads, compute_type, task)
         from faster_whisper import BatchedInferencePipeline
 
         self.name = PeerSpec("faster-whisper-batched", compute_type).name
@@ -211,7 +215,7 @@ class FasterWhisperBatchedPeer(FasterWhisperPeer):
                 clips: list[dict] | None) -> list[str]:
         """Text per entry of ``clips`` (seconds into ``audio``); ``clips=None``: VAD chunks, one text."""
         segments, _info = self.pipeline.transcribe(
-            audio, language=language or "en", task="transcribe", beam_size=1, temperature=0.0,
+            audio, language=language or "en", task=self.task, beam_size=1, temperature=0.0,
             without_timestamps=not timestamps, vad_filter=clips is None, clip_timestamps=clips,
             batch_size=batch_size)
         starts = [c["start"] for c in clips] if clips else [0.0]
@@ -237,13 +241,13 @@ def peer_compute_type(dtype: torch.dtype, device: str, asked: str | None) -> str
     return wanted if wanted in supported else "float32"
 
 
-def make_peer(spec: PeerSpec, model: WhisperModel, threads: int | None) -> Peer:
-    """The peer ``spec`` names, on ``model``'s weights and device."""
+def make_peer(spec: PeerSpec, model: WhisperModel, threads: int | None, task: Task = "transcribe") -> Peer:
+    """The peer ``spec`` names, on ``model``'s weights and device, decoding ``task``."""
     if spec.kind == "hf":
-        return HFPeer(model)
+        return HFPeer(model, task)
     if spec.kind == "faster-whisper-batched":
-        return FasterWhisperBatchedPeer(model, threads, spec.compute_type)
-    return FasterWhisperPeer(model, threads, spec.compute_type)
+        return FasterWhisperBatchedPeer(model, threads, spec.compute_type, task=task)
+    return FasterWhisperPeer(model, threads, spec.compute_type, task)
 
 
 def ct2_dir(name: str, root: Path | None = None) -> Path:

@@ -52,6 +52,7 @@ def _header(report: dict) -> list[str]:
         f"- inputs: {len(r['inputs'])} files; repeats: {opts['repeat']} (warm-up: {opts['warmup']}); "
         f"interleaved per file; per file, times come from the repeat with the median wall time; "
         f"totals are sums over files",
+        f"- task: {opts.get('task', 'transcribe')}; language: {opts.get('language') or 'detected'}",
         f"- baseline: `{report['baseline']}`; timestamp tokens: {_timestamps(opts.get('timestamps'))}; "
         f"references: {r['references'] or 'none'} ({r['references_found']} found)",
         *(["- peers: same weights, greedy, one temperature; clips over 30 s long-form (sequential 30-s windows, "

@@ -28,7 +28,7 @@ from specli.engines.decoding import DecodingOptions
 from specli.engines.device import dtype_name
 from specli.engines.strategies import build_decoder
 from specli.engines.targets.loader import WhisperModel, load_whisper
-from specli.engines.transcription import TranscribeOptions, transcribe_stream
+from specli.engines.transcription import Task, TranscribeOptions, transcribe_stream
 from specli.errors import AudioError
 from specli.presets import Preset, load_preset
 
@@ -49,6 +49,7 @@ class BenchOptions:
     warmup: bool = True  # one unrecorded pass first
     threads: int | None = None  # torch / CTranslate2 CPU threads; None = library default
     language: str | None = None  # language code; None = detect (peers reuse the baseline's language)
+    task: Task = "transcribe"  # presets and peers alike: transcribe, or translate (X -> English)
     timestamps: bool | None = None  # timestamp tokens, presets and peers alike; None = only on clips over 30 s
     device: str | None = None  # every preset on this device (auto, cpu, cuda, cuda:N); None = each preset's
     dtype: str | None = None  # every preset in this dtype (auto, float32, bfloat16, float16); None = each preset's
@@ -95,7 +96,7 @@ class PresetSystem:
     def __init__(self, preset: Preset, model: WhisperModel, opts: BenchOptions) -> None:
         self.preset, self.model = preset, model
         # greedy at every window (no temperature fallback): outputs are compared token for token
-        self.topts = TranscribeOptions(language=opts.language, timestamps=False,
+        self.topts = TranscribeOptions(task=opts.task, language=opts.language, timestamps=False,
                                        decoding=DecodingOptions(temperatures=(0.0,)))
         self.timestamps = opts.timestamps
         self.info = SystemInfo(preset.name, "preset", preset.model, preset.strategy, preset.dtype)
@@ -161,11 +162,13 @@ def build_systems(opts: BenchOptions) -> tuple[list[PresetSystem | PeerSystem], 
         if key not in models:
             models[key] = load_whisper(p.model, p.dtype, device=p.device)
         model = models[key]  # the preset as run: effective dtype and device
+        if opts.task == "translate" and not model.special.multilingual:
+            raise BenchError(f"{p.name}: {p.model} is English-only; --task translate needs a multilingual model")
         p = replace(p, dtype=dtype_name(model.target.dtype), device=str(model.target.device))
         systems.append(PresetSystem(p, model, opts))
     base = systems[0]
     for spec in opts.peers:
-        peer = make_peer(parse_peer(spec), base.model, opts.threads)
+        peer = make_peer(parse_peer(spec), base.model, opts.threads, opts.task)
         systems.append(PeerSystem(peer, base.preset.model, opts.timestamps))
     return systems, baseline
 

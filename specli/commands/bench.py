@@ -55,6 +55,8 @@ def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="One unrecorded pass first.")
 @click.option("--threads", type=click.IntRange(1), help="CPU threads (torch and CTranslate2).")
 @click.option("--language", help="Language code; omit to detect it (peers reuse the baseline's).")
+@click.option("--task", type=click.Choice(["transcribe", "translate"]), default="transcribe", show_default=True,
+              help="Presets and peers alike: transcribe, or translate (X -> English).")
 @click.option("--timestamps/--no-timestamps", default=None,
               help="Timestamp tokens for presets and peers alike.  [default: only on clips over 30 s, which "
               "Whisper decodes long-form, seeking by them]")
@@ -73,7 +75,7 @@ def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--batch-sizes", "batch_sizes", callback=_batch_sizes, metavar="N,N,...",
               help="Throughput mode: every system transcribes the whole input set at each batch size (e.g. "
               "1,2,4,8,16); reports audio seconds per wall second and speedup vs AR.")
-def bench(inputs, presets, baseline, peers, references, repeat, warmup, threads, language, timestamps, bins,
+def bench(inputs, presets, baseline, peers, references, repeat, warmup, threads, language, task, timestamps, bins,
           plots, out, quiet, from_runs, device, dtype, batch_sizes) -> None:
     """Speedup report of presets (and peers) against a baseline on the same inputs, interleaved.
 
@@ -98,8 +100,8 @@ def bench(inputs, presets, baseline, peers, references, repeat, warmup, threads,
             parse_peer(p)
         except BenchError as exc:
             raise click.BadParameter(str(exc), param_hint="--peers") from None
-    opts = BenchOptions(tuple(presets), baseline, tuple(peers), repeat, warmup, threads, language, timestamps,
-                        device, dtype, batch_sizes)
+    opts = BenchOptions(tuple(presets), baseline, tuple(peers), repeat, warmup, threads, language, task,
+                        timestamps, device, dtype, batch_sizes)
     progress = None if quiet else (lambda line: click.echo(line, err=True))
     argv = (sys.argv if Path(sys.argv[0]).name == "specli"
             else ["specli", "bench", *inputs, "--presets", ",".join(presets)])

@@ -40,6 +40,9 @@ def _load_target(preset_name: str, dtype: str | None = None):
 @click.option("--language", help="Whisper presets: the audio's language code or name (omit: detected per file).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
               help="Whisper presets: the target's dtype while labelling (default: the preset's).")
+@click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
+              help="Whisper presets: files decoded together (batched greedy decoding: the same labels, more "
+              "files per second).")
 @click.option("--text", "texts", multiple=True, help="Synthesis presets: an utterance to speak (repeatable).")
 @click.option("--model", help="Synthesis presets: cosyvoice2, cosyvoice3 or a checkpoint directory.")
 @click.option("--sampler", type=click.Choice(["ras", "vllm", "greedy"]),
@@ -50,8 +53,8 @@ def _load_target(preset_name: str, dtype: str | None = None):
 @click.option("--per-shard", type=click.IntRange(1), default=16, show_default=True,
               help="Synthesis presets: utterances per shard.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-file progress lines on stderr.")
-def data(inputs, preset_name, out, timestamps, task, language, dtype, texts, model, sampler, seed, aux_layers,
-         per_shard, quiet) -> None:
+def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size, texts, model, sampler, seed,
+         aux_layers, per_shard, quiet) -> None:
     """Label INPUTS on-policy with the target and store training shards: audio files transcribed greedily
     (Whisper presets), or utterances (text files, *.jsonl, '-', --text) sampled at the deployment
     sampler, keeping only sequences that end in eos (synthesis presets)."""
@@ -80,7 +83,7 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, texts, mod
     check_model_support(model.special, preset.model, task, language)
     progress = None if quiet else (lambda msg, done, total: click.echo(f"[{done}/{total}] {msg}", err=True))
     opts = TranscribeOptions(task=task, language=language, timestamps=timestamps)
-    summary = generate([f for f, _root in found], model, out, progress, opts)
+    summary = generate([f for f, _root in found], model, out, progress, opts, batch_size=batch_size)
     click.echo(f"{summary.done} file(s), {summary.windows} window(s) written; {summary.skipped} already done "
                f"-> {out}", err=True)
 
@@ -110,6 +113,9 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, texts, mod
               help="EAGLE heads: Gaussian noise on the target's states while training, times their RMS (0 = off).")
 @click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
               help="EAGLE heads: dropout on the head block's input while training (0 = off; inference unchanged).")
+@click.option("--precision", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
+              help="EAGLE heads: matmul precision of training steps (bfloat16: autocast, float32 weights and "
+              "optimizer; ~1.5x faster on CPUs with native bf16).")
 @click.option("--drafter", type=click.Choice(["dspark", "dflash", "eagle3"]), default="dspark", show_default=True,
               help="Synthesis presets: the drafter trained.")
 @click.option("--model", help="Synthesis presets: cosyvoice2, cosyvoice3 or a checkpoint directory.")
@@ -121,7 +127,7 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, texts, mod
 @click.option("--markov-rank", type=click.IntRange(0), default=256, show_default=True, help="DSpark Markov head rank.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-step progress lines on stderr.")
 def train(data_dirs, preset_name, out, val_dirs, val_windows, dtype, epochs, steps, lr, batch, checkpoint_every,
-          val_every, draft_vocab, feature_noise, dropout, drafter, model, layers, block, anchors, markov_rank,
+          val_every, draft_vocab, feature_noise, dropout, precision, drafter, model, layers, block, anchors, markov_rank,
           quiet) -> None:
     """Train a drafter on the shards of DATA_DIRS and save it to OUT: an EAGLE Speech-Draft head (Whisper
     presets; unrolled K=7, beta=0.8) or a DSpark / DFlash / EAGLE-3 drafter (synthesis presets)."""
@@ -145,7 +151,7 @@ def train(data_dirs, preset_name, out, val_dirs, val_windows, dtype, epochs, ste
     model = _load_target(preset_name, dtype)
     opts = TrainOptions(epochs=epochs, steps=steps, lr=lr, batch=batch, checkpoint_every=checkpoint_every,
                         draft_vocab=draft_vocab, val_every=val_every, feature_noise=feature_noise, dropout=dropout,
-                        val_windows=val_windows)
+                        val_windows=val_windows, precision=precision)
     val = interleave([load_windows(d) for d in val_dirs]) if val_dirs else None
     run_training(lambda progress: run_train([w for d in data_dirs for w in load_windows(d)], model, out, opts,
                                             val, progress), quiet)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,9 +31,10 @@ import torch
 
 from specli.audio import iter_audio_chunks
 from specli.engines.drafters.eagle import target_fingerprint
-from specli.engines.decoding import WindowDecode
+from specli.engines.decoding import AR, WindowDecode
 from specli.engines.targets.loader import WhisperModel
-from specli.engines.transcription import TranscribeOptions, WindowObserver, transcribe_stream
+from specli.engines.scheduler import transcribe_batched
+from specli.engines.transcription import TranscribeOptions, WindowObserver, transcribe_steps, transcribe_stream
 from specli.errors import SpecliError
 
 MANIFEST = "manifest.json"
@@ -118,29 +119,60 @@ def file_records(model: WhisperModel, path: Path, opts: TranscribeOptions = Tran
     return [window_record(model, w["audio"], w["tokens"], w["plen"]) for w in windows]
 
 
+def _labelled(model: WhisperModel, paths: Sequence[Path], opts: TranscribeOptions,
+              batch_size: int) -> Iterator[tuple[Path, list[dict] | SpecliError]]:
+    """``(path, window records or the file's error)`` of each file as it finishes: one at a time
+    (``file_records``), or up to ``batch_size`` files in flight through the batched scheduler (the same
+    greedy tokens: batched decoding equals batch-1 decoding; fallback re-decodes run per file)."""
+    if batch_size == 1:
+        for path in paths:
+            try:
+                yield path, file_records(model, path, opts)
+            except SpecliError as exc:
+                yield path, exc
+        return
+    seen: dict[Path, list[dict]] = {p: [] for p in paths}
+
+    def job(path: Path):
+        return lambda: transcribe_steps(model, iter_audio_chunks(path), opts,
+                                        on_decode=_recorder(seen[path], model.special.eot))
+
+    jobs = ((p, job(p)) for p in paths)
+    for path, result in transcribe_batched(model, jobs, batch_size, AR, errors=(SpecliError,)):
+        windows = seen.pop(path)
+        if isinstance(result, SpecliError):
+            yield path, result
+        else:
+            yield path, [window_record(model, w["audio"], w["tokens"], w["plen"]) for w in windows]
+
+
 def generate(
     inputs: Sequence[Path], model: WhisperModel, out: Path, progress: Progress | None = None,
-    options: TranscribeOptions = TranscribeOptions(),
+    options: TranscribeOptions = TranscribeOptions(), batch_size: int = 1,
 ) -> DataSummary:
     """Write one shard per input not yet in ``out``'s manifest (decoded with ``options`` as inference
-    would: task, language, timestamps); the manifest is updated after each and records each input's
-    task, timestamp mode and language."""
+    would: task, language, timestamps; ``batch_size`` files at a time); the manifest is updated after each
+    file and records each input's task, timestamp mode and language. A file that cannot be read fails
+    alone: the others are labelled, then the first such error is raised."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
     out.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out, model)
-    done = skipped = windows = 0
-    for i, path in enumerate(inputs):
-        key = str(Path(path).resolve())
-        if key in manifest["done"]:
-            skipped += 1
+    todo = list(dict.fromkeys(Path(p) for p in inputs if str(Path(p).resolve()) not in manifest["done"]))
+    skipped, windows, done = len(inputs) - len(todo), 0, 0
+    failed: list[SpecliError] = []
+    for path, records in _labelled(model, todo, options, batch_size):
+        if isinstance(records, SpecliError):
+            failed.append(records)
             continue
-        records = file_records(model, Path(path), options)
-        shard = add_shard(out, manifest, key, records, task=options.task, timestamps=options.timestamps,
-                          language=options.language)
-        done += 1
-        windows += len(records)
+        shard = add_shard(out, manifest, str(path.resolve()), records, task=options.task,
+                          timestamps=options.timestamps, language=options.language)
+        done, windows = done + 1, windows + len(records)
         if progress is not None:
-            progress(f"{path}: {len(records)} window(s) -> {shard}", i + 1, len(inputs))
+            progress(f"{path}: {len(records)} window(s) -> {shard}", skipped + done, len(inputs))
     _write_manifest(out, manifest)
+    if failed:
+        raise failed[0]
     return DataSummary(done, skipped, windows)
 
 

@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 from pathlib import Path
 
 import torch
@@ -58,8 +59,13 @@ class TrainOptions:
     draft_vocab: int = 8192  # rows of the head's draft vocabulary, most frequent first (0 = whole vocabulary)
     feature_noise: float = 0.05  # Gaussian noise on the target's low/mid/last states, std relative to each row's RMS
     dropout: float = 0.1  # dropout on the block's input at every unrolled step (training only; inference unchanged)
+    # matmul precision of the training steps: bfloat16 = CPU autocast (weights, gradients and AdamW state stay
+    # float32; ~1.5x faster steps on CPUs with native bf16), float32 = plain
+    precision: Literal["float32", "bfloat16"] = "float32"
 
     def __post_init__(self) -> None:
+        if self.precision not in ("float32", "bfloat16"):
+            raise ValueError(f"precision must be 'float32' or 'bfloat16', not {self.precision!r}")
         if not self.feature_noise >= 0.0:
             raise ValueError("feature_noise must be >= 0")
         if not 0.0 <= self.dropout < 1.0:
@@ -283,7 +289,7 @@ def _resume(ckpt_dir: Path, model: WhisperModel, windows: list[dict], options: T
 def _training_info(opts: TrainOptions, step: int, loss: float, val: float | None, n_windows: int) -> dict:
     return {"steps": step, "epochs": opts.epochs, "lr": opts.lr, "batch": opts.batch, "unroll": opts.unroll,
             "beta": opts.beta, "max_starts": opts.max_starts, "draft_vocab": opts.draft_vocab,
-            "feature_noise": opts.feature_noise, "dropout": opts.dropout,
+            "feature_noise": opts.feature_noise, "dropout": opts.dropout, "precision": opts.precision,
             "last_loss": loss, "val_acceptance": val,
             "train_windows": n_windows}
 
@@ -314,7 +320,9 @@ def train(
             batch = make_batch([windows[j] for j in idx], options.unroll, options.max_starts, gen)
             for group in opt.param_groups:
                 group["lr"] = learning_rate(options, step)
-            loss, per_step = unrolled_loss(head, batch, options.beta, options.feature_noise, options.dropout, gen)
+            half = options.precision == "bfloat16"
+            with torch.autocast(batch.audio.device.type, dtype=torch.bfloat16, enabled=half):
+                loss, per_step = unrolled_loss(head, batch, options.beta, options.feature_noise, options.dropout, gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), options.clip)

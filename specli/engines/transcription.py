@@ -38,13 +38,15 @@ from specli.engines.types import DecodeResult, DecodeStats, TargetState, accumul
 WindowObserver = Callable[[TargetState, list[int], WindowDecode], None]
 
 P = ParamSpec("P")
+#: Whisper's two tasks: transcribe in the spoken language, or translate (X -> English).
+Task = Literal["transcribe", "translate"]
 
 
 @dataclass(frozen=True)
 class TranscribeOptions:
     """How to transcribe; validated at construction."""
 
-    task: Literal["transcribe", "translate"] = "transcribe"  # translate = Whisper's X -> English
+    task: Task = "transcribe"  # translate = Whisper's X -> English
     language: str | None = None  # language code; None detects it on the first window
     timestamps: bool = True  # segment timestamps from timestamp tokens
     max_new_tokens: int = 224  # tokens decoded per window at most (Whisper's sample_len)

@@ -140,6 +140,24 @@ def test_bfloat16_precision_trains_float32_weights_that_learn(tmp_path):
     assert meta["training"]["precision"] == "bfloat16"
 
 
+def test_init_fine_tunes_a_trained_head_with_its_own_draft_vocabulary(tmp_path):
+    """--init HEAD: training starts from that head's weights and keeps its draft vocabulary (whatever
+    --draft-vocab says); without it a fresh head starts from the target's last layer."""
+    windows = _windows()
+    torch.manual_seed(0)
+    train(windows, MODEL, tmp_path / "first", TrainOptions(epochs=4, steps=4, batch=3, draft_vocab=20, lr=3e-3))
+    first = load_head(tmp_path / "first", TARGET)
+    again = train(windows, MODEL, tmp_path / "again", TrainOptions(steps=1, batch=3, draft_vocab=0, lr=1e-12,
+                                                                   init=str(tmp_path / "first")))
+    tuned = load_head(tmp_path / "again", TARGET)
+    assert torch.equal(tuned.vocab_ids, first.vocab_ids) and again.steps == 1
+    for key, value in first.state_dict().items():
+        assert torch.allclose(tuned.state_dict()[key].float(), value.float(), atol=1e-3), key
+    fresh = train(windows, MODEL, tmp_path / "fresh", TrainOptions(steps=1, batch=3, draft_vocab=0, lr=1e-12))
+    assert load_head(tmp_path / "fresh", TARGET).vocab_ids.numel() != first.vocab_ids.numel() and fresh.steps == 1
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["training"]["init"] == str(tmp_path / "first")
+
+
 def _cli(*args):
     from click.testing import CliRunner
 

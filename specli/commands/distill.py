@@ -116,6 +116,8 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size
 @click.option("--precision", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
               help="EAGLE heads: matmul precision of training steps (bfloat16: autocast, float32 weights and "
               "optimizer; ~1.5x faster on CPUs with native bf16).")
+@click.option("--init", "init_head", help="EAGLE heads: start from this trained head (directory or shipped name, "
+              "e.g. whisper-base-eagle; its draft vocabulary) instead of the target's last decoder layer.")
 @click.option("--drafter", type=click.Choice(["dspark", "dflash", "eagle3"]), default="dspark", show_default=True,
               help="Synthesis presets: the drafter trained.")
 @click.option("--model", help="Synthesis presets: cosyvoice2, cosyvoice3 or a checkpoint directory.")
@@ -127,7 +129,7 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size
 @click.option("--markov-rank", type=click.IntRange(0), default=256, show_default=True, help="DSpark Markov head rank.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-step progress lines on stderr.")
 def train(data_dirs, preset_name, out, val_dirs, val_windows, dtype, epochs, steps, lr, batch, checkpoint_every,
-          val_every, draft_vocab, feature_noise, dropout, precision, drafter, model, layers, block, anchors, markov_rank,
+          val_every, draft_vocab, feature_noise, dropout, precision, init_head, drafter, model, layers, block, anchors, markov_rank,
           quiet) -> None:
     """Train a drafter on the shards of DATA_DIRS and save it to OUT: an EAGLE Speech-Draft head (Whisper
     presets; unrolled K=7, beta=0.8) or a DSpark / DFlash / EAGLE-3 drafter (synthesis presets)."""
@@ -151,7 +153,7 @@ def train(data_dirs, preset_name, out, val_dirs, val_windows, dtype, epochs, ste
     model = _load_target(preset_name, dtype)
     opts = TrainOptions(epochs=epochs, steps=steps, lr=lr, batch=batch, checkpoint_every=checkpoint_every,
                         draft_vocab=draft_vocab, val_every=val_every, feature_noise=feature_noise, dropout=dropout,
-                        val_windows=val_windows, precision=precision)
+                        val_windows=val_windows, precision=precision, init=init_head)
     val = interleave([load_windows(d) for d in val_dirs]) if val_dirs else None
     run_training(lambda progress: run_train([w for d in data_dirs for w in load_windows(d)], model, out, opts,
                                             val, progress), quiet)

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specli.engines.drafters.eagle import EagleDrafter, SpeechDraftHead, draft_vocabulary, save_head
+from specli.engines.drafters.eagle import EagleDrafter, SpeechDraftHead, draft_vocabulary, load_head, save_head
 from specli.engines.speculative import SpecOptions, speculative_decode
 from specli.engines.targets.loader import WhisperModel
 from specli.engines.targets.whisper_rules import WhisperLogitRules
@@ -62,6 +62,7 @@ class TrainOptions:
     # matmul precision of the training steps: bfloat16 = CPU autocast (weights, gradients and AdamW state stay
     # float32; ~1.5x faster steps on CPUs with native bf16), float32 = plain
     precision: Literal["float32", "bfloat16"] = "float32"
+    init: str | None = None  # start from this trained head (directory or shipped name; its draft vocabulary)
 
     def __post_init__(self) -> None:
         if self.precision not in ("float32", "bfloat16"):
@@ -274,7 +275,9 @@ def _resume(ckpt_dir: Path, model: WhisperModel, windows: list[dict], options: T
     best validation acceptance so far (None before the first)."""
     latest = _latest_checkpoint(ckpt_dir)
     state = None if latest is None else torch.load(latest, weights_only=True)
-    if state is None:
+    if state is None and options.init:  # fine-tune a trained head: a float32 copy with its own draft vocabulary
+        head = load_head(options.init, model.target)
+    elif state is None:
         head = new_head(model, windows, options.draft_vocab)
     else:  # the checkpoint's own draft vocabulary, whatever the data now holds
         head = SpeechDraftHead.for_target(model.target, model.name, state["head"]["vocab_ids"])
@@ -290,6 +293,7 @@ def _training_info(opts: TrainOptions, step: int, loss: float, val: float | None
     return {"steps": step, "epochs": opts.epochs, "lr": opts.lr, "batch": opts.batch, "unroll": opts.unroll,
             "beta": opts.beta, "max_starts": opts.max_starts, "draft_vocab": opts.draft_vocab,
             "feature_noise": opts.feature_noise, "dropout": opts.dropout, "precision": opts.precision,
+            "init": opts.init,
             "last_loss": loss, "val_acceptance": val,
             "train_windows": n_windows}
 

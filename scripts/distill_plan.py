@@ -5,8 +5,9 @@ Reads the audio tree of ``scripts/make_distill_audio.py`` and prints one job a l
 
     <output dir, relative to the model's label root>  <task>  <ts|nots>  <language>  <chunk id>  <clip> <clip> ...
 
-Held-out (validation) jobs first, then the training clips in chunks of ``--chunk`` taken round-robin over
-the sources, so that a run stopped anywhere has labelled every source about equally. Each training clip's
+The first ``--val-first`` rounds of held-out (validation) jobs first (3 clips of every set a round), then the
+training clips in chunks of ``--chunk`` taken round-robin over the sources, so that a run stopped anywhere
+has labelled every source about equally, then the remaining validation rounds. Each training clip's
 decode mode is fixed by a hash of its path (deterministic, independent of the order): ``--timestamps``
 percent with timestamp tokens, and for non-English clips of a multilingual target ``--translate`` percent
 labelled by the translate task (X -> English), the rest transcribed; the proportions follow real use.
@@ -86,12 +87,16 @@ def main() -> None:
     ap.add_argument("--translate", type=int, default=20,
                     help="percent of non-English training clips labelled by the translate task")
     ap.add_argument("--english-only", action="store_true", help="an English-only target (*.en)")
+    ap.add_argument("--val-first", type=int, default=2, help="validation rounds before the training jobs")
     args = ap.parse_args()
     if not (args.audio / "train").is_dir():
         raise SystemExit(f"{args.audio}: no train/ folder (run scripts/make_distill_audio.py first)")
     multi = not args.english_only
-    for out, task, ts, lang, cid, clips in val_jobs(args.audio, multi) + train_jobs(
-            args.audio, args.chunk, args.timestamps, args.translate, multi):
+    val = val_jobs(args.audio, multi)
+    first = [job for job in val if int(job[4][1:]) < args.val_first]  # chunk ids v000, v001, ...
+    later = [job for job in val if int(job[4][1:]) >= args.val_first]
+    for out, task, ts, lang, cid, clips in first + train_jobs(
+            args.audio, args.chunk, args.timestamps, args.translate, multi) + later:
         print("\t".join([out, task, ts, lang, cid, " ".join(str(c) for c in clips)]))
 
 

@@ -10,6 +10,7 @@ import transformers
 
 from specli.engines.targets.layers import Linear
 from specli.engines.targets.whisper import WhisperDims, WhisperTarget
+from tiny_models import tiny_target
 
 ROWS = [*range(1, 25), 1500]
 # (out, in, bias): whisper-base and tiny.en layer shapes, plus reduced vocabulary heads
@@ -122,3 +123,33 @@ def test_decoder_logits_match_transformers_for_1_to_24_tokens(small_model) -> No
         got = target.score(state, draft[:, :n]).logits
         state.cache.crop(20)
         assert torch.allclose(got, ref[:, 20 : 20 + n], atol=1e-4), n
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_bf16_cross_attention_runs_over_float32_kv(n):
+    """A bf16 query over float32 window K/V: float32 SDPA, the result in bf16 (closer to the float32 reference
+    than bf16 SDPA over bf16 K/V); same dtypes take SDPA itself."""
+    from specli.engines.targets.layers import cross_attention
+
+    gen = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(2, 4, m, 32, generator=gen) for m in (n, 1500, 1500))
+    ref = F.scaled_dot_product_attention(q, k * 3, v)
+    assert torch.equal(cross_attention(q, k * 3, v), ref)
+    got = cross_attention(q.bfloat16(), k * 3, v)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, F.scaled_dot_product_attention(
+        q.bfloat16().float(), k * 3, v).bfloat16())
+    sdpa = F.scaled_dot_product_attention(q.bfloat16(), (k * 3).bfloat16(), v.bfloat16())
+    assert (got.float() - ref).abs().mean() < (sdpa.float() - ref).abs().mean()
+
+
+def test_bf16_target_keeps_window_kv_in_float32_on_the_cpu():
+    target = tiny_target(0, dtype=torch.bfloat16)
+    feats = torch.randn(1, target.dims.audio_ctx, target.dims.d_model).bfloat16()
+    state = target.start(feats)
+    assert all(k.dtype == v.dtype == torch.float32 and k.is_contiguous() for k, v in state.cross_kv)
+    batch = target.start_batch(2)
+    target.admit(batch, 1, feats)
+    assert all(k.dtype == torch.float32 for k, _ in batch.cross_kv)
+    assert torch.equal(batch.cross_kv[0][0][1], state.cross_kv[0][0][0])
+    out = target.score(state, torch.tensor([[1, 2, 3]]))
+    assert out.logits.dtype == torch.float32 and torch.isfinite(out.logits).all()

@@ -20,7 +20,7 @@ from specli.engines.device import host_to_device
 from specli.engines.drafters.base import Drafter, DraftProposal, DraftRequest
 from specli.engines.greedy import unit_temperature
 from specli.engines.logits import GREEDY, SamplingParams, filter_logits
-from specli.engines.tree import depths, tree_inputs
+from specli.engines.tree import depths, is_chain, tree_inputs
 from specli.engines.types import DecodeResult, DecodeStats, LogitRules, Target, TargetState
 from specli.engines.verify import BACKENDS, Backend, verify
 
@@ -123,9 +123,12 @@ def _verify_step(target, state, tokens, plen, proposal: DraftProposal, filt, opt
     """One target forward over ``[pending] + proposal``; returns emitted tokens and their log-probs."""
     start, dev = state.cache.length, state.cache.device
     n = len(proposal)
-    mask, positions = tree_inputs(proposal.parents, start, dev)
     scored = host_to_device([[tokens[-1], *proposal.tokens]], torch.long, dev)
-    out = target.score(state, scored, positions=positions, tree_mask=mask if n else None)
+    if is_chain(proposal.parents):  # the causal default: a target may compute a chain as it computes AR steps
+        out = target.score(state, scored)
+    else:
+        mask, positions = tree_inputs(proposal.parents, start, dev)
+        out = target.score(state, scored, positions=positions, tree_mask=mask)
     kept, emitted, logprobs = accept_draft(out.logits[0], tokens[plen:], proposal, filt, options.sampling,
                                            gen, options.verify_backend)
     state.cache.compact(start, [start] + [start + 1 + i for i in kept])

@@ -54,7 +54,7 @@ from specli.engines.drafters.base import EMPTY, DraftProposal, DraftRequest, Mod
 from specli.engines.device import cpu_native_bf16
 from specli.engines.kv_cache import KVCache
 from specli.engines.logits import DraftVocab
-from specli.engines.targets.layers import Linear
+from specli.engines.targets.layers import Linear, cross_attention
 from specli.engines.targets.whisper import DecoderState, WhisperDims, WhisperTarget
 from specli.errors import ModelLoadError
 
@@ -262,15 +262,6 @@ def packed_for_inference(head: SpeechDraftHead, dtype: torch.dtype = torch.float
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return None if t is None else t.to(dtype)
-
-
-def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``softmax(q kᵀ / sqrt(hd)) v`` for ``q [B, H, S, hd]`` over a window's ``k, v [B, H, A, hd]``, in
-    the K/V's dtype (the result in ``q``'s): on the CPU a bfloat16 head keeps its window K/V in float32,
-    because PyTorch's CPU SDPA took 1.4 ms for one bfloat16 query row over 1500 keys, 0.18 in float32."""
-    if q.dtype == k.dtype:
-        return F.scaled_dot_product_attention(q, k, v)
-    return F.scaled_dot_product_attention(q.to(k.dtype), k, v).to(q.dtype)
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from specli.engines.kv_cache import KVCache, RaggedKVCache
 from specli.engines.types import HiddenStates, ScoreOutput
 from specli.engines.targets.compiled import CompiledEncoder, compile_encoder
-from specli.engines.targets.layers import Linear, layer_norm
+from specli.engines.targets.layers import Linear, cross_attention, cross_kv_dtype, layer_norm
 
 N_FRAMES = 3000  # mel frames in one 30-second window
 
@@ -202,9 +202,10 @@ class WhisperTarget:
         return DecoderState(feats, cross, cache, features)
 
     def _cross_kv(self, feats: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        """Cross-attention K/V of every decoder layer for encoder output ``feats [B, A, d]``."""
-        heads = self.dims.decoder_heads
-        return tuple((_split_heads(blk.cross_attn["k"](feats), heads), _split_heads(blk.cross_attn["v"](feats), heads))
+        """Cross-attention K/V of every decoder layer for encoder output ``feats [B, A, d]``, contiguous, in
+        ``cross_kv_dtype`` (float32 for a bf16 model on the CPU: see ``layers.cross_attention``)."""
+        heads, dtype = self.dims.decoder_heads, cross_kv_dtype(self.dtype, self.device)
+        return tuple(tuple(_split_heads(blk.cross_attn[n](feats), heads).to(dtype).contiguous() for n in ("k", "v"))
                      for blk in self.dec_blocks)
 
     # ---- the batch contract (engines/batched.py): slots of one preallocated state, rows [0, B) score
@@ -215,7 +216,8 @@ class WhisperTarget:
         d, heads = self.dims, self.dims.decoder_heads
         hd = d.d_model // heads
         feats = torch.zeros(capacity, d.audio_ctx, d.d_model, dtype=self.dtype, device=self.device)
-        cross = tuple(tuple(feats.new_zeros(capacity, heads, d.audio_ctx, hd) for _kv in range(2))
+        kv_dtype = cross_kv_dtype(self.dtype, self.device)
+        cross = tuple(tuple(feats.new_zeros(capacity, heads, d.audio_ctx, hd, dtype=kv_dtype) for _kv in range(2))
                       for _ in self.dec_blocks)
         cache = RaggedKVCache(d.decoder_layers, capacity, heads, min(max_len or d.text_ctx, d.text_ctx), hd, spare,
                               self.dtype, self.device)
@@ -280,9 +282,12 @@ class WhisperTarget:
         positions = positions.to(self.device)
         x = self.embed[tokens] + self.dec_pos[positions]  # [B, n, d]
         mask = cache.begin(b, n, None if tree_mask is None else tree_mask.to(self.device), self.device)
+        # bf16 chain over rows at one length: attention row by row, each exactly as a one-token step computes it
+        # (SDPA over n masked queries rounds differently where the key count crosses its block boundaries)
+        exact = self.dtype == torch.bfloat16 and tree_mask is None and mask is not None and mask.shape[0] == 1
         low = mid = x
         for i, blk in enumerate(self.dec_blocks):
-            x = self._decoder_block(blk, i, x, state, mask, heads)
+            x = self._decoder_block(blk, i, x, state, mask, heads, exact)
             if i == 0:
                 low = x
             if i == self.mid_layer:
@@ -327,7 +332,7 @@ class WhisperTarget:
             q = _split_heads(c["q"](layer_norm(x, blk.cross_ln)), n_heads)  # [B, H, n, D]
             ck, cv = state.cross_kv[i]
             ck, cv = ck[: q.shape[0]], cv[: q.shape[0]]
-            x = x + c["out"](_merge_heads(F.scaled_dot_product_attention(q, ck, cv)))
+            x = x + c["out"](_merge_heads(cross_attention(q, ck, cv)))
             if i in by_layer:
                 qk = q.float() @ ck[:, :, :frames].float().transpose(-1, -2) * (q.shape[-1] ** -0.5)
                 for head in by_layer[i]:
@@ -336,16 +341,24 @@ class WhisperTarget:
         logits = self.proj_out(layer_norm(x, self.dec_ln)).float()
         return CrossAttention(torch.stack([found[pair] for pair in heads], dim=1), logits)
 
-    def _decoder_block(self, blk: _Block, i: int, x: torch.Tensor, state: DecoderState, mask, heads: int
-                       ) -> torch.Tensor:
+    def _decoder_block(self, blk: _Block, i: int, x: torch.Tensor, state: DecoderState, mask, heads: int,
+                       exact: bool = False) -> torch.Tensor:
         a = blk.self_attn
         h = layer_norm(x, blk.self_ln)
         q, k, v = (_split_heads(a[n](h), heads) for n in ("q", "k", "v"))
         k_all, v_all = state.cache.update(i, k, v)
-        x = x + a["out"](_merge_heads(F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)))
+        if exact:  # row r attends to the first `start + r + 1` slots, unmasked: a one-token step's call
+            start = k_all.shape[2] - q.shape[2]
+            att = torch.cat([F.scaled_dot_product_attention(q[:, :, r : r + 1], k_all[:, :, : start + r + 1],
+                                                            v_all[:, :, : start + r + 1])
+                             for r in range(q.shape[2])], 2)
+        else:
+            att = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+        x = x + a["out"](_merge_heads(att))
         c = blk.cross_attn
         h = layer_norm(x, blk.cross_ln)
         ck, cv = state.cross_kv[i]
         ck, cv = ck[: x.shape[0]], cv[: x.shape[0]]  # a batch state holds every slot; rows [0, B) score
-        x = x + c["out"](_merge_heads(F.scaled_dot_product_attention(_split_heads(c["q"](h), heads), ck, cv)))
+        q = _split_heads(c["q"](h), heads)  # bf16: row by row, so that verifying n tokens equals n AR steps
+        x = x + c["out"](_merge_heads(cross_attention(q, ck, cv, per_row=self.dtype == torch.bfloat16)))
         return blk.mlp(x)

@@ -35,7 +35,7 @@ from specli.engines.device import host_to_device
 from specli.engines.drafters.base import EMPTY, DraftProposal, DraftRequest
 from specli.engines.drafters.batched import BatchDrafter
 from specli.engines.logits import GREEDY, SamplingParams, filter_logits
-from specli.engines.speculative import SpecOptions, accept_draft, commit_emitted
+from specli.engines.speculative import SpecOptions, accept_draft, commit_emitted, drafting_pays
 from specli.engines.tree import depths, tree_inputs
 from specli.engines.types import BatchTarget, DecodeResult, DecodeStats, HiddenStates, LogitRules
 
@@ -177,6 +177,8 @@ class BatchDecoder:
             job = row.job
             room = min(self.options.max_draft, job.max_new_tokens - row.sampled - 1,
                        self.state.cache.max_len - self.state.cache.lengths[b] - 2)
+            if not drafting_pays(row.stats, self.options.stop_below):
+                room = 0
             view = self.target.row_state(self.state, b, job.context)
             requests.append(None if room < 1 else DraftRequest(row.tokens, len(job.prompt), room, view, row.hidden,
                                                                row.filt, job.sampling.greedy, row.gen))

@@ -33,12 +33,29 @@ class SpecOptions:
     sampling: SamplingParams = GREEDY  # greedy, or sampling with temperature / top-k / top-p / penalty
     seed: int | None = None  # seed of the random numbers used when sampling
     verify_backend: Backend = "auto"  # verify kernels: auto (Triton on CUDA, torch elsewhere), reference, triton
+    # stop drafting for the rest of a window once its accepted draft tokens per target forward fall below
+    # this, judged from the PROBE_FORWARDS-th forward on (drafting that is rarely accepted only costs); 0 = never
+    stop_below: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft <= 64:
             raise ValueError("max_draft must be within 0..64")
+        if not 0.0 <= self.stop_below < 64:
+            raise ValueError("stop_below must be within [0, 64)")
         if self.verify_backend not in BACKENDS:
             raise ValueError(f"verify_backend must be one of {BACKENDS}")
+
+
+PROBE_FORWARDS = 6  # target forwards of a window before SpecOptions.stop_below judges its acceptance
+
+
+def drafting_pays(stats: DecodeStats, stop_below: float) -> bool:
+    """Whether a window keeps drafting: always during its first ``PROBE_FORWARDS`` forwards, then while its
+    accepted draft tokens per forward stay at or above ``stop_below`` (0: always). Speed only: every
+    forward is verified the same way, drafted or not."""
+    if stop_below <= 0 or stats.verify_steps < PROBE_FORWARDS:
+        return True
+    return stats.accepted >= stop_below * stats.verify_steps
 
 
 def speculative_decode(
@@ -80,7 +97,7 @@ def speculative_decode(
     sum_logprob, finished = 0.0, False
     while not finished and len(tokens) - plen < max_new_tokens:
         room = min(options.max_draft, max_new_tokens - (len(tokens) - plen) - 1,
-                   state.cache.max_len - state.cache.length - 2)
+                   state.cache.max_len - state.cache.length - 2) if drafting_pays(stats, options.stop_below) else 0
         t0 = time.perf_counter()
         req = DraftRequest(tokens, plen, max(0, room), state, hidden, filt, options.sampling.greedy, gen)
         proposal = drafter.propose(req) if room > 0 else DraftProposal([], [])

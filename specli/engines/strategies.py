@@ -59,7 +59,8 @@ def build_decoder(preset: Preset, target: WhisperModel, language: str | None = N
     """Plain autoregressive decoding for 'ar' presets, else the preset's drafter and speculation settings."""
     if preset.strategy == "ar":
         return AR
-    return DecodeMethod(build_drafter(preset, target, language), SpecOptions(max_draft=min(preset.max_draft, 24)))
+    return DecodeMethod(build_drafter(preset, target, language),
+                        SpecOptions(max_draft=min(preset.max_draft, 24), stop_below=preset.stop_drafting_below))
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class Preset:
     draft_model: str = ""  # the drafter's model, for drafter = model or cross-tokenizer
     head: str = ""  # eagle: directory or shipped name of a trained Speech-Draft head (`specli distill train`)
     max_draft: int = 8  # most draft tokens (tree nodes) per target forward (hard cap 24 for adaptive)
+    # stop drafting in a window whose accepted draft tokens per target forward fall below this (0 = never)
+    stop_drafting_below: float = 0.0
     confidence_threshold: float = 0.0  # adaptive, sparse-tree: the chain stops below it; dynamic-tree: min path prob.
     tree_topk: int = 2  # sparse-tree: alternatives per low-confidence position; dynamic-tree: nodes expanded per level
     tree_threshold: float = 0.6  # sparse-tree: positions below this drafter probability branch
@@ -98,6 +100,8 @@ class Preset:
             raise bad("branch_steps must be >= 0")
         if not 1 <= self.max_draft <= 24:
             raise bad("max_draft must be within 1..24")
+        if not 0.0 <= self.stop_drafting_below < 24:
+            raise bad("stop_drafting_below must be within [0, 24)")
         if not 0.0 <= self.confidence_threshold < 1.0 or not 0.0 <= self.tree_threshold <= 1.0:
             raise bad("thresholds must be within [0, 1)")
         if self.ngram < 1:

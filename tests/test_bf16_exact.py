@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from specli.engines.drafters.base import DraftProposal
 from specli.engines.greedy import greedy_decode
 from specli.engines.speculative import SpecOptions, speculative_decode
-from tiny_models import EOT, NO_TS, SOT, tiny_rules, tiny_target, window
+from tiny_models import EOT, NO_TS, SOT, AlwaysWrongDrafter, tiny_rules, tiny_target, window
 
 TARGET = tiny_target(0, dtype=torch.bfloat16)
 
 
 class ListDrafter:
-    """Proposes ``budget`` tokens: the reference continuation (right), a suppressed token (wrong), or random."""
+    """Proposes ``budget`` tokens: the reference continuation (right) or random ones."""
 
     def __init__(self, kind: str, ref: list[int], seed: int) -> None:
         self.kind, self.ref, self.rng = kind, ref, random.Random(seed)
@@ -37,8 +37,6 @@ class ListDrafter:
         n = request.budget
         if self.kind == "right":
             draft = (self.ref + [EOT] * n)[done : done + n]
-        elif self.kind == "wrong":
-            draft = [5] * n  # suppressed by tiny_rules: never the target's choice
         else:
             draft = [self.rng.randrange(6, 48) for _ in range(n)]
         return DraftProposal(draft, list(range(-1, n - 1)), [1.0] * n)
@@ -69,6 +67,7 @@ def test_bf16_speculative_greedy_equals_bf16_greedy(seed, kind, max_draft, times
     prompt = [SOT] if timestamps else [SOT, NO_TS]
     rules = tiny_rules(timestamps)
     ref = greedy_decode(TARGET, window(TARGET, seed), prompt, rules, EOT, 40)
+    drafter = AlwaysWrongDrafter() if kind == "wrong" else ListDrafter(kind, ref.tokens, seed)
     out = speculative_decode(TARGET, window(TARGET, seed), prompt, rules, EOT, 40,
-                             drafter=ListDrafter(kind, ref.tokens, seed), options=SpecOptions(max_draft=max_draft))
+                             drafter=drafter, options=SpecOptions(max_draft=max_draft))
     assert out.tokens == ref.tokens and out.finished == ref.finished

@@ -9,6 +9,8 @@ whether every transcript was identical to AR's (it must be).
 
     python benchmarks/draft_shapes.py --threads 2 --clips 4 --rounds 2
     python benchmarks/draft_shapes.py --configs ar,eagle-adaptive,tree:d5k3n10,tree:d4k4n12
+    python benchmarks/draft_shapes.py --dtype bfloat16 --configs adaptive:c60,adaptive:c70,adaptive:c80m8 \
+        --audio /work/distill/audio/heldout-in/espeak/espeak-001[0-2].wav ...
 """
 
 from __future__ import annotations
@@ -44,13 +46,25 @@ CONFIGS = {  # name: (shipped preset, overrides)
 }
 DEFAULT = "ar,eagle-adaptive,eagle-tree,eagle-sparse-2pass,eagle-sparse-leaves"
 TREE = re.compile(r"^tree:d(\d+)k(\d+)n(\d+)(?:p(\d+))?$")  # ad-hoc dynamic tree: depth, topk, nodes, min path %
+ADAPTIVE = re.compile(r"^adaptive:c(\d+)(?:m(\d+))?(?:s(\d+))?$")  # ad-hoc chain: confidence %, max draft, stop %
 
 
 def preset_for(name: str):
-    """The preset of configuration ``name`` (a CONFIGS key, or ``tree:dDkKnN[pP]``)."""
-    m = TREE.match(name)
-    base, over = ("whisper-eagle-asr-tree", {"tree_depth": int(m[1]), "tree_topk": int(m[2]), "max_draft": int(m[3]),
-                                             "confidence_threshold": int(m[4] or 0) / 100}) if m else CONFIGS[name]
+    """The preset of configuration ``name``: a CONFIGS key, ``tree:dDkKnN[pP]`` or ``adaptive:cC[mM][sS]`` (the
+    default EAGLE chain with confidence threshold C %, max draft M, stop_drafting_below S / 100)."""
+    m, a = TREE.match(name), ADAPTIVE.match(name)
+    if m:
+        base, over = "whisper-eagle-asr-tree", {"tree_depth": int(m[1]), "tree_topk": int(m[2]),
+                                                "max_draft": int(m[3]), "confidence_threshold": int(m[4] or 0) / 100}
+    elif a:
+        over = {"confidence_threshold": int(a[1]) / 100}
+        if a[2]:
+            over["max_draft"] = int(a[2])
+        if a[3]:
+            over["stop_drafting_below"] = int(a[3]) / 100
+        base = "whisper-eagle-asr"
+    else:
+        base, over = CONFIGS[name]
     data = {k: v for k, v in read_preset_toml(base)[1].items() if k != "description"}
     return preset_from_dict(name, {**data, **over})
 
@@ -64,8 +78,11 @@ def run(model, clip: Path, decode=None) -> tuple[list, DecodeStats]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default=DEFAULT,
-                    help=f"comma-separated: {', '.join(CONFIGS)}, or tree:dDkKnN[pP] (P: min path probability, %%)")
-    ap.add_argument("--clips", type=int, default=4, help="first N clips of samples/en")
+                    help=f"comma-separated: {', '.join(CONFIGS)}, tree:dDkKnN[pP] (P: min path probability, %%) "
+                         "or adaptive:cC[mM][sS] (confidence %%, max draft, stop_drafting_below %%)")
+    ap.add_argument("--clips", type=int, default=4, help="first N clips of samples/en (without --audio)")
+    ap.add_argument("--audio", type=Path, nargs="+", help="clips to decode instead of samples/en")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the target's dtype")
     ap.add_argument("--rounds", type=int, default=2, help="passes over the clips (the first also warms up)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -75,9 +92,9 @@ def main() -> None:
     if "ar" not in names:
         names.insert(0, "ar")
     presets = {n: preset_for(n) for n in names}
-    model = load_whisper("whisper-base", "float32")
+    model = load_whisper("whisper-base", args.dtype)
     decoders = {n: (None if p.strategy == "ar" else build_decoder(p, model, "en")) for n, p in presets.items()}
-    clips = sorted(SAMPLES.glob("*.wav"))[: args.clips]
+    clips = args.audio or sorted(SAMPLES.glob("*.wav"))[: args.clips]
     stats = {n: DecodeStats() for n in names}
     ref: dict[Path, list] = {}
     mismatches = {n: 0 for n in names}
@@ -105,7 +122,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['config']:24} {r['tau']:6.2f} {r['decode_s']:9.2f} {r['speedup_vs_ar']:6.2f} "
               f"{100 * r['draft_share']:7.1f}% {r['drafted_per_step']:10.1f} {r['identical_to_ar']}")
-    print(f"{len(clips)} clips x {args.rounds} round(s), {args.threads} threads, whisper-base fp32", file=sys.stderr)
+    print(f"{len(clips)} clips x {args.rounds} round(s), {args.threads} threads, whisper-base {args.dtype}",
+          file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -13,7 +13,8 @@ folders, never trained on):
 Per set and dtype one ``specli bench`` run, side by side in one process: the AR preset, the EAGLE preset and
 faster-whisper (float32 next to float32, its int8 mode next to bfloat16), greedy, 2 threads::
 
-    python scripts/make_distill_audio.py --out /work/distill/audio --multi 400   # once (held-out folders)
+    python scripts/make_distill_audio.py --out /work/distill/audio --espeak 1200 --extra 1800 --multi 400 \
+        --heldout-only   # once: the held-out folders alone (the texts follow the training counts)
     python benchmarks/heldout_bench.py --audio /work/distill/audio --out docs/benchmarks/eagle-asr-heldout
     python benchmarks/heldout_bench.py ... --model tiny.en --sets in,out,long --dtypes float32
 

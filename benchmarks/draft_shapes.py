@@ -38,6 +38,7 @@ CONFIGS = {  # name: (shipped preset, overrides)
     "ar": ("whisper-base-ar", {}),
     "eagle-chain3": ("whisper-eagle-asr-chain", {}),
     "eagle-adaptive": ("whisper-eagle-asr", {}),
+    "eagle-float-head": ("whisper-eagle-asr", {"head_weights": "float"}),  # the head's matrices not int8
     "eagle-tree": ("whisper-eagle-asr-tree", {}),
     "eagle-sparse-2pass": ("whisper-eagle-asr", {**EAGLE_SPARSE, "branch_steps": 3}),
     "eagle-sparse-leaves": ("whisper-eagle-asr", {**EAGLE_SPARSE, "branch_steps": 0}),

@@ -14,8 +14,9 @@ step time: plain decoding's seconds per token), then from every decoded position
 * ``python``     the rest of ``propose`` (loop, bookkeeping, tensor creation)
 
 per draft token, in ms, for each ``--dtypes`` of the target (the drafter picks the head's dtype: the
-target's, or bfloat16 under a float32 target on a CPU with native bf16; a float32 target is also timed
-with the head in float32). ``--baseline REV``
+target's, or bfloat16 under a float32 target on a CPU with native bf16; its matrices int8 weight-only
+on the CPU): the default drafter, the same with float matrices (``float head``) and, under a float32
+target, the head all in float32. ``--baseline REV``
 also builds the drafter of ``specli/engines/drafters/eagle.py`` at git revision ``REV`` and times both
 side by side, interleaved repeat by repeat (a loaded machine slows both alike). On a machine
 shared with other jobs, ``--clock cpu`` times with the process's CPU time instead of wall time (at
@@ -145,10 +146,11 @@ def profile(dtype: str, args, baseline) -> list[tuple[str, dict]]:
     tokens = prompt + ar.tokens
     reqs = requests(model, state, tokens, len(prompt), args.draft, rules)
     filt_timers: dict[str, Timers] = {}
-    variants = [("now", EagleDrafter(load_head(args.head, target), ModelDraftOptions()))]
+    variants = [("now", EagleDrafter(load_head(args.head, target), ModelDraftOptions())),
+                ("now, float head", EagleDrafter(load_head(args.head, target), ModelDraftOptions(), int8=False))]
     if dtype == "float32":  # the drafter's default picks bfloat16 on a CPU with native bf16: time float32 too
         variants.append(("now, fp32 head", EagleDrafter(load_head(args.head, target), ModelDraftOptions(),
-                                                        torch.float32)))
+                                                        torch.float32, int8=False)))
     if baseline is not None:
         variants.append(("baseline", baseline.EagleDrafter(baseline.load_head(args.head, target),
                                                             ModelDraftOptions())))
@@ -203,10 +205,10 @@ def main() -> None:
     cols = ("draft_ms", *STAGES, "python", "cross", "target_step_ms", "draft/step", "tokens")
     print(f"per draft token, ms ({args.threads} threads, {args.clock} clock; cross = cross-attention alone, "
           "inside block)")
-    print(f"{'target, drafter (head)':34s}" + "".join(f"{c:>15s}" for c in cols))
+    print(f"{'target, drafter (head)':38s}" + "".join(f"{c:>15s}" for c in cols))
     for dtype in args.dtypes:
         for label, row in profile(dtype, args, baseline):
-            print(f"{label:34s}" + "".join(f"{row[c]:15.3f}" if c != "tokens" else f"{row[c]:15d}"
+            print(f"{label:38s}" + "".join(f"{row[c]:15.3f}" if c != "tokens" else f"{row[c]:15d}"
                                            for c in cols), flush=True)
 
 

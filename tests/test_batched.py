@@ -152,10 +152,11 @@ def test_batched_speculative_greedy_equals_batched_ar_greedy(name, rows, capacit
 @pytest.mark.parametrize("threshold,head", [(0.0, HEAD), (0.4, HEAD), (0.0, SMALL_HEAD)])
 def test_batched_eagle_drafts_what_per_row_eagle_drafts(threshold, head):
     """One head forward for all rows proposes the same chains as one head per row (same acceptance);
-    both run the head in float32 (EagleDrafter may pick bfloat16 on its own: other rounding, other drafts)."""
+    both run the head in float32 with float matrices (EagleDrafter may pick bfloat16 and int8 matrices on its
+    own: other rounding, other drafts)."""
     jobs = _jobs([(a, [], a % 2 == 0, 25, 8 + 3 * a) for a in range(5)])
     options = ModelDraftOptions(confidence_threshold=threshold)
-    one_head_a_row = PerRowDrafters(lambda: EagleDrafter(head, options, torch.float32))
+    one_head_a_row = PerRowDrafters(lambda: EagleDrafter(head, options, torch.float32, int8=False))
     per_row = dict(decode_all(TARGET, jobs, 3, drafter=one_head_a_row, options=SpecOptions(max_draft=5)))
     batched = dict(decode_all(TARGET, jobs, 3, drafter=BatchedEagleDrafter(head, 3, options),
                               options=SpecOptions(max_draft=5)))

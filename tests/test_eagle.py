@@ -175,6 +175,21 @@ MODES = {
 }
 
 
+def test_int8_packed_copy_is_close_to_the_trained_head_and_the_cpu_default():
+    from specli.engines.targets.layers import Int8Linear, Linear
+
+    head = _head(5, draft_vocab=30)
+    small = packed_for_inference(head, int8=True)
+    assert isinstance(small.qkv.linear, Int8Linear) and isinstance(small.lm_head.linear, Int8Linear)
+    assert isinstance(small.cross_kv_proj.linear, Linear)  # once per window over every frame: stays float
+    batch = make_batch(_windows(seeds=(5,)), 7, 64)
+    with torch.no_grad():
+        for a, b in zip(_step_logits(head, batch), _step_logits(small, batch)):
+            assert (a - b).abs().max() < 0.05 * a.abs().max()
+    assert isinstance(EagleDrafter(head).head.qkv.linear, Int8Linear)  # the CPU default
+    assert isinstance(EagleDrafter(head, int8=False).head.qkv.linear, Linear)
+
+
 @settings(max_examples=3, deadline=None)
 @given(audio_seed=st.integers(0, 1000), head_seed=st.integers(0, 1000), timestamps=st.booleans(),
        max_draft=st.sampled_from([1, 3, 5, 8]), max_new=st.integers(1, 30), draft_vocab=st.sampled_from([0, 8, 30]))

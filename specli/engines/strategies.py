@@ -49,7 +49,8 @@ def build_drafter(preset: Preset, target: WhisperModel, language: str | None = N
     elif preset.drafter == "eagle" and preset.strategy == "dynamic-tree":
         drafter = DynamicTreeDrafter(load_head(preset.head, target.target), _tree_options(preset))
     elif preset.drafter == "eagle":
-        drafter = EagleDrafter(load_head(preset.head, target.target), _draft_options(preset))
+        drafter = EagleDrafter(load_head(preset.head, target.target), _draft_options(preset),
+                               int8=None if preset.head_weights == "auto" else preset.head_weights == "int8")
     else:
         raise ValueError(f"preset {preset.name!r} has no drafter")
     return RecyclingDrafter(drafter) if preset.strategy == "recycling" else drafter

@@ -20,6 +20,7 @@ DEFAULT_PRESET = "whisper-eagle-asr"
 Strategy = Literal["ar", "chain", "adaptive", "recycling", "sparse-tree", "dynamic-tree"]
 DrafterKind = Literal["none", "pool", "model", "cross-tokenizer", "eagle"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]  # auto: engines.device.auto_dtype (bf16 on native-bf16 CPUs)
+HeadWeights = Literal["auto", "int8", "float"]  # auto: int8 on the CPU, float elsewhere
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -36,6 +37,7 @@ class Preset:
     drafter: DrafterKind = "none"  # pool = n-gram pool of earlier hypotheses; model / cross-tokenizer / eagle
     draft_model: str = ""  # the drafter's model, for drafter = model or cross-tokenizer
     head: str = ""  # eagle: directory or shipped name of a trained Speech-Draft head (`specli distill train`)
+    head_weights: HeadWeights = "auto"  # eagle chain: the head's matrices int8 weight-only, or float (its dtype)
     max_draft: int = 8  # most draft tokens (tree nodes) per target forward (hard cap 24 for adaptive)
     # stop drafting in a window whose accepted draft tokens per target forward fall below this (0 = never)
     stop_drafting_below: float = 0.0
@@ -50,7 +52,8 @@ class Preset:
         self._check_types()
         if not self.model:
             raise PresetError(f"preset {self.name!r}: 'model' must not be empty")
-        for fname, kind in (("strategy", Strategy), ("dtype", DType), ("drafter", DrafterKind)):
+        for fname, kind in (("strategy", Strategy), ("dtype", DType), ("drafter", DrafterKind),
+                            ("head_weights", HeadWeights)):
             if getattr(self, fname) not in get_args(kind):
                 raise PresetError(
                     f"preset {self.name!r}: {fname} must be one of {list(get_args(kind))}, "

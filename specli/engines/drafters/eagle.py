@@ -54,7 +54,7 @@ from specli.engines.drafters.base import EMPTY, DraftProposal, DraftRequest, Mod
 from specli.engines.device import cpu_native_bf16
 from specli.engines.kv_cache import KVCache
 from specli.engines.logits import DraftVocab
-from specli.engines.targets.layers import Linear, cross_attention
+from specli.engines.targets.layers import Int8Linear, Linear, cross_attention
 from specli.engines.targets.whisper import DecoderState, WhisperDims, WhisperTarget
 from specli.errors import ModelLoadError
 
@@ -232,36 +232,41 @@ class FrozenLinear(nn.Module):
 
 
 class PackedLinear(nn.Module):
-    """Inference only: a trained linear layer through the target's oneDNN fast path (``layers.Linear``:
-    on this CPU plain ``F.linear`` runs one row single-threaded)."""
+    """Inference only: a trained linear layer in ``dtype`` through the target's oneDNN fast path
+    (``layers.Linear``: on this CPU plain ``F.linear`` runs one row single-threaded), or with ``int8`` its
+    matrix int8 weight-only (``layers.Int8Linear``, quantised from the float32 weight; activations in ``dtype``)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, int8: bool = False) -> None:
         super().__init__()
-        self.linear = Linear(weight.detach(), None if bias is None else bias.detach())  # in the weight's dtype
+        bias = _cast(bias, dtype)
+        w = weight.detach()
+        self.linear = Int8Linear(w.float(), bias, dtype) if int8 else Linear(w.to(dtype), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
 
 
-def packed_for_inference(head: SpeechDraftHead, dtype: torch.dtype = torch.float32) -> SpeechDraftHead:
+def packed_for_inference(head: SpeechDraftHead, dtype: torch.dtype = torch.float32,
+                         int8: bool = False) -> SpeechDraftHead:
     """A copy of ``head`` in eval mode whose linear layers and LM head run through ``PackedLinear``
-    in ``dtype`` (its layer norms too; float32: same results to ~1e-6 relative). The frozen
-    embedding tables stay shared (float32; a step's one embedding row is cast). The packed copy
-    cannot be trained or saved."""
+    in ``dtype`` (its layer norms too; float32: same results to ~1e-6 relative), their matrices int8
+    weight-only with ``int8`` (all but ``cross_kv_proj``: once per window over 1,500 frames, a
+    compute-bound product where oneDNN's bf16 GEMM took 3.5 ms and the int8 kernel 10.8). The frozen
+    embedding tables stay shared (float32; a step's one embedding row is cast). The packed copy cannot
+    be trained or saved."""
     shared = {id(t): t for t in (head.embed, head.dec_pos)}  # frozen tables: shared, not copied
     fast = copy.deepcopy(head, memo=shared).eval()
     for name, module in list(fast.named_children()):
-        if isinstance(module, nn.Linear):
-            setattr(fast, name, PackedLinear(module.weight.to(dtype), _cast(module.bias, dtype)))
-        elif isinstance(module, FrozenLinear):
-            setattr(fast, name, PackedLinear(module.weight.to(dtype), None))
+        if isinstance(module, (nn.Linear, FrozenLinear)):
+            bias = module.bias if isinstance(module, nn.Linear) else None
+            setattr(fast, name, PackedLinear(module.weight, bias, dtype, int8 and name != "cross_kv_proj"))
         elif isinstance(module, (nn.LayerNorm, nn.ModuleList)):
             module.to(dtype)
     return fast
 
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    return None if t is None else t.to(dtype)
+    return None if t is None else t.detach().to(dtype)
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -323,15 +328,19 @@ class EagleDrafter:
     Runs a packed copy of the head in ``dtype``; None picks it from the target's dtype (read from the
     window's encoder output at :meth:`start`): the target's, except bfloat16 under a float32 target
     on a CPU with native bf16 (a step streams the head's matrices from memory: half the bytes; the
-    drafter's precision never changes the lossless output). It filters inside the head's draft
-    vocabulary (``self.vocab``; None when it is the whole vocabulary) and reuses preallocated index
-    tensors, so a step costs the head's matrices and little else.
+    drafter's precision never changes the lossless output). With ``int8`` (None: on the CPU) the
+    head's matrices are int8 weight-only (``layers.Int8Linear``), activations still in that dtype.
+    It filters inside the head's draft vocabulary (``self.vocab``; None when it is the whole
+    vocabulary) and reuses preallocated index tensors, so a step costs the head's matrices and
+    little else.
     """
 
     def __init__(self, head: SpeechDraftHead, options: ModelDraftOptions = ModelDraftOptions(),
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, int8: bool | None = None) -> None:
         self._trained = head
         self._dtype = dtype  # the head's inference dtype; None: chosen from the target's (_head_dtype)
+        # the head's matrices int8 weight-only; None: on the CPU (a draft step streams its matrices from memory)
+        self._int8 = head.embed.device.type == "cpu" if int8 is None else int8
         self._packed: dict[torch.dtype, SpeechDraftHead] = {}
         self.options = options
         cfg = head.cfg
@@ -358,7 +367,7 @@ class EagleDrafter:
     def _use(self, dtype: torch.dtype) -> None:
         """Run the head (and its self-attention cache) in ``dtype``; packed copies are kept per dtype."""
         if dtype not in self._packed:
-            self._packed[dtype] = packed_for_inference(self._trained, dtype)
+            self._packed[dtype] = packed_for_inference(self._trained, dtype, self._int8)
         self.head = self._packed[dtype]
         cfg = self.head.cfg
         self._cache = KVCache(1, 1, cfg.heads, cfg.max_steps, cfg.d_model // cfg.heads, dtype, self._device)

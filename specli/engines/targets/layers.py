@@ -1,5 +1,5 @@
-"""Small building blocks of the lean targets: a linear layer with a CPU fast path, and layer norm
-over ``(weight, bias)`` pairs.
+"""Small building blocks of the lean targets: a linear layer with a CPU fast path, layer norm
+over ``(weight, bias)`` pairs, cross-attention, and (for drafters) an int8 weight-only linear layer.
 
 CPU fast path (issue "CPU fast path"; numbers from the 2-vCPU Zen4 machines, 2 threads, in
 ``benchmarks/bench_decoder_step.py``): plain ``F.linear`` (MKL ``x·Wᵀ``) runs one row
@@ -109,3 +109,54 @@ def cross_kv_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 def layer_norm(x: torch.Tensor, params: tuple[torch.Tensor, torch.Tensor], eps: float = 1e-5) -> torch.Tensor:
     weight, bias = params
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+_INT8_KERNEL = hasattr(torch.ops.aten, "_weight_int8pack_mm")
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8 of ``weight [out, in]``: ``(q [out, in] int8, scales [out] float32)``
+    with ``weight ~= q * scales[:, None]`` (a zero row gets scale 1)."""
+    w = weight.detach().float()
+    scales = w.abs().amax(dim=1) / 127.0
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), scales
+
+
+def int8_linear_reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
+                          bias: torch.Tensor | None) -> torch.Tensor:
+    """Pure-torch reference of :class:`Int8Linear`: ``x @ (q * scales)ᵀ + b`` in float32, cast to ``x``'s dtype."""
+    y = F.linear(x.float(), q.float() * scales.float()[:, None], None if bias is None else bias.float())
+    return y.to(x.dtype)
+
+
+class Int8Linear:
+    """Weight-only int8 linear layer: ``y = x @ (q * scales)ᵀ + b``, activations in ``dtype`` (float32 or
+    bfloat16), int8 weights with one scale per output channel (:func:`quantize_int8`).
+
+    On the CPU it runs ATen's ``_weight_int8pack_mm`` (gpt-fast's int8 weight-only kernel) when the input
+    width is a multiple of 32: half the bytes of a bf16 matrix streamed per call. For drafters only
+    (a draft's rounding never changes lossless output); targets keep :class:`Linear`. Elsewhere (or
+    without the kernel) it computes :func:`int8_linear_reference`, which tests compare it with.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.dtype = dtype
+        self.q, scales = quantize_int8(weight)  # [out, in] int8, [out] float32
+        self.scales = scales.to(dtype)  # the kernel takes its scales in the activations' dtype
+        self.bias = None if bias is None else bias.detach().to(dtype).contiguous()  # [out] or None
+        # the bf16 kernel returned garbage for 24 / 40 input features (multiples of 16 were right): multiples of 32 only
+        self.fast = _INT8_KERNEL and weight.device.type == "cpu" and dtype in _PACKABLE and self.in_features % 32 == 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        if not self.fast or x.dtype != self.dtype:
+            return int8_linear_reference(x, self.q, self.scales, self.bias)
+        x2 = x.reshape(-1, self.in_features).contiguous()
+        if x2.shape[0] == 0:
+            return x.new_empty(*x.shape[:-1], self.out_features)
+        y = torch.ops.aten._weight_int8pack_mm(x2, self.q, self.scales)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)

@@ -255,7 +255,8 @@ def main() -> None:
     rows: list = []
     sec = args.clip_seconds
     train_tts, train_rec = (_skip, _skip) if args.heldout_only else (tts_clips, recording_clips)
-    if args.extra and not args.multi_only and not args.heldout_only:  # texts after all of the splits' own (same seed): never a held-out text
+    # texts after all of the splits' own (same seed): never a held-out text
+    if args.extra and not args.multi_only and not args.heldout_only:
         extra = texts[need : need + args.extra]
         cut = len(extra) * 3 // 4
         tts_clips(espeak, extra[:cut], args.out / "train-extra", "espeak", sec, args.seed + 11, rows)

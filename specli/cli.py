@@ -13,9 +13,9 @@ import sys
 import click
 
 from specli import __version__
+from specli.commands.interrupt import EXIT_INTERRUPTED
 from specli.errors import SpecliError
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 SUBCOMMANDS = {
     "transcribe": "specli.commands.transcribe:transcribe",

@@ -16,9 +16,10 @@ class ModelLoadError(SpecliError):
 
 
 class AudioError(SpecliError):
-    """An audio file could not be decoded. The message names the file and the reason."""
+    """An audio file could not be decoded. The message names the file and the reason. Batch commands report
+    it per input and go on; one that reaches ``specli.cli`` exits 1 (an input failed)."""
 
-    exit_code = 4
+    exit_code = 1
 
 
 class PresetError(SpecliError):

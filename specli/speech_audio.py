@@ -75,7 +75,7 @@ class AudioOutcome:
 
 def prepare_voice(vocalizer: Vocalizer, prompt_wav: str | None = None, prompt_text: str | None = None,
                   speaker: str | None = None, names: tuple[str, str] = ("--prompt-wav", "--prompt-text")) -> Voice:
-    """The voice of a prompt recording + transcript, or of a stored speaker (UsageError / AudioError when bad);
+    """The voice of a prompt recording + transcript, or of a stored speaker (UsageError when bad);
     ``names`` are what the messages call the recording and the transcript. A stored speaker's saved prompt
     (tokens, mel, x-vector) goes to the flow stage only: ``spk2info.pt`` keeps its transcript as token ids
     of its own tokenizer run, so the LLM gets no prompt (like upstream's cross-lingual mode)."""
@@ -94,7 +94,10 @@ def prepare_voice(vocalizer: Vocalizer, prompt_wav: str | None = None, prompt_te
         raise UsageError(f"{names[0]} needs {names[1]}, the transcript of the recording{rule}")
     if vocalizer.kind == "cosyvoice3" and ENDOFPROMPT not in text:
         text = CV3_DEFAULT_PROMPT + text  # upstream's usual CosyVoice3 prompt text (example.py)
-    prompt = vocalizer.frontend.prompt(prompt_wav, text)
+    try:
+        prompt = vocalizer.frontend.prompt(prompt_wav, text)
+    except AudioError as exc:  # a bad voice prompt is a bad option value: refused before any output
+        raise UsageError(f"{names[0]}: {exc}") from exc
     return Voice(VoicePrompt.from_prompt(prompt), text, tuple(int(t) for t in prompt.speech_tokens[0].tolist()))
 
 

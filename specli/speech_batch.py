@@ -72,11 +72,27 @@ def _manifest_item(where: str, line: str, default_id: str, base: Path | None = N
                       prompt_wav=wav_path)
 
 
-def _lines(name: str, lines: Iterable[str], stem: str, manifest: bool) -> Iterator[SpeechItem]:
-    for n, raw in enumerate(lines, 1):
-        line = raw.rstrip("\r\n")
+def _decoded(raw_lines: Iterable[bytes | str]) -> Iterator[tuple[int, str | None, str]]:
+    """``(line number, text or None, why not)`` per line: each line decoded as UTF-8 on its own, so one bad
+    byte fails its line only (a byte-order mark at the start is dropped)."""
+    for n, raw in enumerate(raw_lines, 1):
+        if isinstance(raw, str):
+            yield n, raw.rstrip("\r\n"), ""
+            continue
+        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            yield n, raw.rstrip(b"\r\n").decode("utf-8"), ""
+        except UnicodeDecodeError as exc:
+            yield n, None, f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
+
+
+def _lines(name: str, raw_lines: Iterable[bytes | str], stem: str, manifest: bool) -> Iterator[SpeechItem]:
+    for n, line, why in _decoded(raw_lines):
         where, default_id = f"{name}:{n}", f"{stem}_{n:05d}"
-        if manifest:
+        if line is None:
+            yield SpeechItem(where, None, why)
+        elif manifest:
             if line.strip():
                 yield _manifest_item(where, line, default_id, Path(name).parent)
         elif not line.strip():
@@ -85,9 +101,10 @@ def _lines(name: str, lines: Iterable[str], stem: str, manifest: bool) -> Iterat
             yield SpeechItem(where, SynthesisRequest(default_id, line.strip()))
 
 
-def read_items(inputs: Iterable[str], texts: Iterable[str] = (), stdin: Iterable[str] | None = None
+def read_items(inputs: Iterable[str], texts: Iterable[str] = (), stdin: Iterable[bytes | str] | None = None
                ) -> list[SpeechItem]:
-    """Items of every input: ``*.jsonl`` manifests, text files (one utterance a line), ``-`` (stdin), ``--text``."""
+    """Items of every input: ``*.jsonl`` manifests, text files (one utterance a line), ``-`` (stdin, bytes
+    or text lines), ``--text``. Files are decoded line by line: an undecodable line fails alone."""
     items: list[SpeechItem] = []
     for i, text in enumerate(texts, 1):
         items.append(SpeechItem(f"--text {i}", SynthesisRequest(f"text_{i:05d}", text))
@@ -98,11 +115,11 @@ def read_items(inputs: Iterable[str], texts: Iterable[str] = (), stdin: Iterable
             continue
         path = Path(name)
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            items.append(SpeechItem(name, None, f"cannot read: {exc}"))
+            raw_lines = path.read_bytes().splitlines(keepends=True)
+        except OSError as exc:
+            items.append(SpeechItem(name, None, f"cannot read: {exc.strerror or exc}"))
             continue
-        items += _lines(name, lines, _safe(path.stem), path.suffix == ".jsonl")
+        items += _lines(name, raw_lines, _safe(path.stem), path.suffix == ".jsonl")
     seen: set[str] = set()
     out = []
     for it in items:

@@ -133,16 +133,17 @@ def test_cfm_euler_cosine_schedule_and_guidance() -> None:
 
 
 def test_rotary_covers_only_the_first_head_width() -> None:
-    """x-transformers applies the dim_head-wide rotation to the un-split projection: channels past it pass."""
+    """x-transformers applies the dim_head-wide rotation to the un-split projection: channels past it pass;
+    inside it, adjacent channels (2i, 2i + 1) turn together by frequency i."""
     x = torch.randn(1, 5, 48)
     inv = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
-    pos = torch.arange(5).float()[:, None] * inv[None]
-    angles = torch.cat([pos, pos], dim=-1)
+    pos = torch.arange(5).float()[:, None] * inv[None]  # [5, 8]
+    angles = pos.repeat_interleave(2, dim=-1)
     out = _apply_rotary(x, angles)
     assert torch.equal(out[..., 16:], x[..., 16:])
-    a, b = x[..., :8], x[..., 8:16]  # rotate-half pairs channel i with i + 8
-    assert torch.allclose(out[..., :8], a * pos.cos() - b * pos.sin(), atol=1e-6)
-    assert torch.allclose(out[..., 8:16], b * pos.cos() + a * pos.sin(), atol=1e-6)
+    a, b = x[..., 0:16:2], x[..., 1:16:2]
+    assert torch.allclose(out[..., 0:16:2], a * pos.cos() - b * pos.sin(), atol=1e-6)
+    assert torch.allclose(out[..., 1:16:2], b * pos.cos() + a * pos.sin(), atol=1e-6)
 
 
 def test_streaming_prefix_is_causal(tiny) -> None:

@@ -115,9 +115,9 @@ def test_bad_prompts_and_options_write_nothing(tmp_path: Path, cv3: Path) -> Non
     junk = tmp_path / "junk.wav"
     junk.write_bytes(b"RIFF0000WAVEjunk")
     cases = [
-        (["--format", "wav", "--prompt-wav", str(long_wav), "--prompt-text", "x"], 4, "most 30 s"),
-        (["--format", "wav", "--prompt-wav", str(junk), "--prompt-text", "x"], 4, "junk.wav"),
-        (["--format", "wav", "--prompt-wav", str(tmp_path / "none.wav"), "--prompt-text", "x"], 4, "none.wav"),
+        (["--format", "wav", "--prompt-wav", str(long_wav), "--prompt-text", "x"], 2, "most 30 s"),
+        (["--format", "wav", "--prompt-wav", str(junk), "--prompt-text", "x"], 2, "junk.wav"),
+        (["--format", "wav", "--prompt-wav", str(tmp_path / "none.wav"), "--prompt-text", "x"], 2, "none.wav"),
         (["--format", "wav", "--prompt-wav", str(long_wav)], 2, "needs --prompt-text"),
         (["--format", "wav", "--prompt-text", "x"], 2, "give the recording too"),
         (["--prompt-wav", str(long_wav), "--prompt-text", "x"], 2, "need --format wav or flac"),

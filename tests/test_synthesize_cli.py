@@ -164,3 +164,19 @@ def test_presets_listing_and_task_separation():
         load_preset("cosyvoice2-ar")
     p = load_synthesis_preset("cosyvoice3-pool")
     assert (p.model, p.strategy, p.drafter, p.sampler) == ("cosyvoice3", "chain", "pool", "ras")
+
+
+def test_an_undecodable_byte_fails_its_line_only(tmp_path, cv2):
+    """One bad byte on line 3 of 5: the other 4 lines are spoken, line 3 is reported by number, exit 1."""
+    lines = tmp_path / "lines.txt"
+    lines.write_bytes(b"\xef\xbb\xbfone two\nthree four\nfive \xff six\nseven\r\neight nine\n")
+    out = tmp_path / "out"
+    res = _run(["--model", str(cv2), str(lines), "-o", str(out), "--sampler", "greedy"])
+    assert res.exit_code == 1
+    assert sorted(p.name for p in out.iterdir()) == [f"lines_0000{n}.npy" for n in (1, 2, 4, 5)]
+    assert f"{lines}:3: not UTF-8 text: byte 0xff at column 6" in res.stderr
+    assert "4 ok, 1 failed" in res.stderr and res.stderr.count("failed: ") == 1
+    piped = _run(["--model", str(cv2), "-", "-o", str(tmp_path / "piped"), "--sampler", "greedy"],
+                 input=lines.read_bytes())
+    assert piped.exit_code == 1 and "<stdin>:3: not UTF-8 text" in piped.stderr
+    assert len(list((tmp_path / "piped").iterdir())) == 4

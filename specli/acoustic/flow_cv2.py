@@ -196,7 +196,8 @@ class _ConformerLayer(nn.Module):
         d = cfg.output_size
         self.self_attn = _RelSelfAttention(d, cfg.attention_heads)
         self.feed_forward = _FeedForward(d, cfg.linear_units)
-        self.norm_ff, self.norm_mha = nn.LayerNorm(d, eps=1e-5), nn.LayerNorm(d, eps=1e-5)
+        # upstream's ConformerEncoderLayer norms use eps=1e-12 (the embeddings' and after_norm's use 1e-5)
+        self.norm_ff, self.norm_mha = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.norm_mha(x), mask, pos)

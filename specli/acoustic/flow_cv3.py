@@ -12,8 +12,8 @@ load one to one:
 - the prompt mel fills the first frames of the condition (zeros after it);
 - :func:`specli.acoustic.cfm.solve_cfm` with the DiT (dim 1024, depth 22, 16 heads of 64 in the published
   yaml): sinusoidal time embedding + MLP; input ``proj([x, cond, mu, spk])`` + causal grouped conv position
-  embedding; blocks of adaLN-zero attention (rotary on the first ``dim_head`` channels of the *un-split*
-  query/key, as x-transformers applies it there) and tanh-GELU feed-forward; final adaLN + projection;
+  embedding; blocks of adaLN-zero attention (x-transformers' rotary: adjacent channel pairs, on the first
+  ``dim_head`` channels of the *un-split* query/key, as x-transformers applies it there) and tanh-GELU feed-forward; final adaLN + projection;
 - the mel after the prompt frames is returned.
 
 Attention is full (upstream's offline ``tts``) or, with ``streaming=True``, chunk-causal over
@@ -172,24 +172,33 @@ class _InputEmbed(nn.Module):
 
 
 class _Rotary(nn.Module):
-    """x-transformers ``RotaryEmbedding``: its ``inv_freq`` buffer is part of ``flow.pt``."""
+    """x-transformers' ``RotaryEmbedding`` (2.11.24, the version upstream pins); ``inv_freq`` is in ``flow.pt``.
+
+    Each frequency covers two *adjacent* channels: angles ``[f0, f0, f1, f1, ...]`` (x-transformers stacks
+    ``(freqs, freqs)`` on a last axis and flattens it), not the half-split ``[f0, f1, ..., f0, f1, ...]``.
+    """
 
     def __init__(self, dim_head: int) -> None:
         super().__init__()
         self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim_head, 2).float() / dim_head)))
 
-    def forward(self, length: int) -> torch.Tensor:  # -> [T, dim_head] angles, halves repeated
+    def forward(self, length: int) -> torch.Tensor:  # -> [T, dim_head] angles, each one twice in a row
         pos = torch.arange(length, device=self.inv_freq.device, dtype=torch.float32)
-        freqs = pos[:, None] * self.inv_freq.float()[None]
-        return torch.cat([freqs, freqs], dim=-1)
+        freqs = pos[:, None] * self.inv_freq.float()[None]  # [T, dim_head / 2]
+        return freqs.repeat_interleave(2, dim=-1)
 
 
 def _apply_rotary(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Rotate the first ``angles.shape[-1]`` channels of ``x [B, T, D]`` (rotate-half convention)."""
+    """Rotate the first ``angles.shape[-1]`` channels of ``x [B, T, D]`` in adjacent pairs.
+
+    x-transformers' ``apply_rotary_pos_emb`` / ``rotate_half``: each pair ``(x0, x1)`` turns by its angle,
+    ``(x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)``; channels past the rotary width pass unchanged.
+    """
     width = angles.shape[-1]
     head, rest = x[..., :width].float(), x[..., width:]
-    first, second = head.chunk(2, dim=-1)
-    rotated = head * angles.cos() + torch.cat([-second, first], dim=-1) * angles.sin()
+    pairs = head.unflatten(-1, (width // 2, 2))  # [B, T, width / 2, 2]
+    turned = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)  # (x0, x1) -> (-x1, x0)
+    rotated = head * angles.cos() + turned * angles.sin()
     return torch.cat([rotated.to(x.dtype), rest], dim=-1)
 
 

@@ -12,7 +12,8 @@ source-filter excitation + an iSTFT HiFi-GAN), loading the official ``hift.pt``:
   prefix is a prefix of the audio of any longer mel (what upstream's streaming relies on: it re-vocodes
   the whole mel so far and emits only the samples past what it already emitted).
 
-Pipeline per call: F0 predictor (5 convs + ELU, linear, abs; float64 in CV3 as upstream) -> F0 upsampled
+Pipeline per call: F0 predictor (5 convs + ELU, linear, abs; float64 in CV3 as upstream, weight norm
+folded in float64 too) -> F0 upsampled
 x480 -> sine source (``SineGen2``: 9 harmonics, phase from the per-frame cumulative sum, voiced where
 F0 > 10 Hz, additive noise; the per-frame phase is resampled to samples linearly in CV2 but with
 'nearest' in CV3, so CV3's sines hold one value per frame, exactly as upstream) merged by
@@ -297,7 +298,9 @@ class HiFT(nn.Module):
         last = base // 2**stages
         self.conv_post = _causal(last, spec_channels, 7) if causal else _same(last, spec_channels, 7)
         self.f0_predictor = _F0Predictor(cfg)
-        self.register_buffer("stft_window", torch.hann_window(cfg.n_fft), persistent=False)
+        # upstream: scipy's get_window("hann", n_fft, fftbins=True) (float64) cast to float32
+        self.register_buffer("stft_window", torch.hann_window(cfg.n_fft, dtype=torch.float64).float(),
+                             persistent=False)
 
     @property
     def sample_rate(self) -> int:
@@ -364,11 +367,36 @@ def load_hift(path: str | os.PathLike[str], config: HiFTConfig | ModelKind,
               device: torch.device | str = "cpu") -> HiFT:
     """Load ``hift.pt`` strictly (see :mod:`specli.acoustic.checkpoint`) into an eval-mode :class:`HiFT`."""
     cfg = HiFTConfig.for_kind(config) if isinstance(config, str) else config
-    state = fold_weight_norm(strip_prefix(read_state_dict(path), "generator."), path)
+    raw = strip_prefix(read_state_dict(path), "generator.")
     model = HiFT(cfg)
-    load_strict(model, state, path)
-    model.eval().requires_grad_(False).to(device)
+    load_strict(model, fold_weight_norm(raw, path), path)
     if cfg.causal:
         model.f0_predictor.double()
+        with torch.no_grad():
+            for key, weight in _fold_f0_predictor_float64(raw).items():
+                model.get_parameter(key).copy_(weight)
+    model.eval().requires_grad_(False).to(device)
     return model
+
+
+_WEIGHT_NORM_KEYS = ((".weight_g", ".weight_v"),
+                     (".parametrizations.weight.original0", ".parametrizations.weight.original1"))
+
+
+def _fold_f0_predictor_float64(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CV3: the F0 predictor's weight-normed conv weights ``g * v / ||v||`` computed in float64.
+
+    Upstream moves the still weight-norm-parametrized predictor to float64 before use, so its weights are
+    folded in float64; folding in float32 first moves F0 by ~1e-10 relative, enough to flip the float32
+    rounding of some frames' F0, which the x480 phase cumsum turns into ~1e-4 of audio. Pairs are already
+    checked by :func:`fold_weight_norm`; only the predictor's are refolded here."""
+    out: dict[str, torch.Tensor] = {}
+    for key in state:
+        for g_suffix, v_suffix in _WEIGHT_NORM_KEYS:
+            layer = key.removesuffix(g_suffix)
+            if key.startswith("f0_predictor.") and key.endswith(g_suffix) and layer + v_suffix in state:
+                g, v = state[key].double(), state[layer + v_suffix].double()  # [Cout, 1, 1], [Cout, Cin, K]
+                norm = v.flatten(1).norm(dim=1).reshape(-1, *([1] * (v.dim() - 1)))
+                out[layer + ".weight"] = v * (g.reshape(norm.shape) / norm)
+    return out
 

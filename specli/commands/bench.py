@@ -11,7 +11,9 @@ import click
 from specli.bench.peers import COMPUTE_TYPES, PEERS, BenchError, parse_peer
 from specli.bench.render import write_report
 from specli.bench.report import Bins
+from specli.bench.runlog import read_runlog
 from specli.bench.runner import BenchOptions, report_from_runs, run_bench
+from specli.commands.interrupt import report_interrupt
 
 RUNS_NAME = "runs.jsonl"
 
@@ -93,7 +95,8 @@ def bench(inputs, presets, baseline, peers, references, repeat, warmup, threads,
     if _synthesis_presets(presets):
         if batch_sizes:
             raise click.UsageError("--batch-sizes measures transcription presets, not synthesis presets")
-        _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out, quiet)
+        with report_interrupt(lambda: "no report written (the runs measured so far are the lines above)"):
+            _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out, quiet)
         return
     for p in peers:
         try:
@@ -107,13 +110,26 @@ def bench(inputs, presets, baseline, peers, references, repeat, warmup, threads,
             else ["specli", "bench", *inputs, "--presets", ",".join(presets)])
     command = shlex.join(["specli", *argv[1:]])
     if batch_sizes:
-        _bench_throughput(inputs, opts, references, progress, command, out)
+        with report_interrupt(lambda: "no report written (the runs measured so far are the lines above)"):
+            _bench_throughput(inputs, opts, references, progress, command, out)
         return
     runs_path = out / RUNS_NAME
     edges = Bins() if bins is None else Bins(bins)
-    report = run_bench(inputs, opts, references, edges, progress, command, runs_path,
-                       warn=lambda line: click.echo(f"warning: {line}", err=True))
+    with report_interrupt(lambda: _runs_kept(runs_path)):
+        report = run_bench(inputs, opts, references, edges, progress, command, runs_path,
+                           warn=lambda line: click.echo(f"warning: {line}", err=True))
     _finish(report, out, plots, runs_path)
+
+
+def _runs_kept(runs_path: Path) -> str:
+    """What an interrupted per-file bench leaves: the measured runs, and how to report them."""
+    try:
+        n = len(read_runlog(runs_path).runs)
+    except (OSError, ValueError):  # not written yet
+        n = 0
+    if not n:
+        return "no run was measured"
+    return f"{n} measured run(s) kept in {runs_path}; `specli bench --from-runs {runs_path}` reports them"
 
 
 def _bench_throughput(inputs, opts: BenchOptions, references, progress, command: str, out: Path) -> None:

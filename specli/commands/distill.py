@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from specli.commands.interrupt import report_interrupt
 from specli.errors import SpecliError
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size
     from specli.commands.distill_speech import is_speech_preset, run_speech_data
 
     if is_speech_preset(preset_name):
-        run_speech_data(inputs, texts, preset_name, out, model, sampler, seed, aux_layers, per_shard, quiet)
+        with report_interrupt(lambda: _labelled_so_far(out)):
+            run_speech_data(inputs, texts, preset_name, out, model, sampler, seed, aux_layers, per_shard, quiet)
         return
     if not inputs:
         raise click.UsageError("give audio files or directories")
@@ -83,7 +85,8 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size
     check_model_support(model.special, preset.model, task, language)
     progress = None if quiet else (lambda msg, done, total: click.echo(f"[{done}/{total}] {msg}", err=True))
     opts = TranscribeOptions(task=task, language=language, timestamps=timestamps)
-    summary = generate([f for f, _root in found], model, out, progress, opts, batch_size=batch_size)
+    with report_interrupt(lambda: _labelled_so_far(out)):
+        summary = generate([f for f, _root in found], model, out, progress, opts, batch_size=batch_size)
     click.echo(f"{summary.done} file(s), {summary.windows} window(s) written; {summary.skipped} already done "
                f"-> {out}", err=True)
 
@@ -156,7 +159,7 @@ def train(data_dirs, preset_name, out, val_dirs, val_windows, dtype, epochs, ste
                         val_windows=val_windows, precision=precision, init=init_head)
     val = interleave([load_windows(d) for d in val_dirs]) if val_dirs else None
     run_training(lambda progress: run_train([w for d in data_dirs for w in load_windows(d)], model, out, opts,
-                                            val, progress), quiet)
+                                            val, progress), quiet, out)
 
 
 @distill.command("eval")
@@ -195,12 +198,27 @@ def interleave(groups: list[list]) -> list:
     return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
 
 
-def run_training(train_fn: Callable[[Callable[[str], None] | None], TrainSummary], quiet: bool) -> None:
-    """Run ``train_fn(progress)`` (progress lines on stderr unless ``quiet``; a ``ValueError`` of the data
-    or options is a :class:`SpecliError`) and print its summary on stderr."""
-    progress = None if quiet else (lambda msg: click.echo(msg, err=True))
+def _labelled_so_far(out: Path) -> str:
+    """What an interrupted ``distill data`` leaves: the shards listed in ``out``'s manifest."""
+    from specli.distill.data import open_manifest
+
     try:
-        summary = train_fn(progress)
+        done = open_manifest(out)["done"]
+    except (OSError, ValueError):
+        done = {}
+    return f"{len(done)} shard(s) written to {out}; the same command resumes after them"
+
+
+def run_training(train_fn: Callable[[Callable[[str], None] | None], TrainSummary], quiet: bool,
+                 out: Path) -> None:
+    """Run ``train_fn(progress)`` (progress lines on stderr unless ``quiet``; a ``ValueError`` of the data
+    or options is a :class:`SpecliError`) and print its summary on stderr; Ctrl-C exits 130 naming the
+    checkpoints of ``out`` that a rerun resumes from."""
+    progress = None if quiet else (lambda msg: click.echo(msg, err=True))
+    kept = f"checkpoints so far are in {out / 'checkpoints'}; the same command resumes from the latest"
+    try:
+        with report_interrupt(lambda: kept):
+            summary = train_fn(progress)
     except ValueError as exc:
         raise SpecliError(str(exc)) from exc
     acc = "-" if summary.val_acceptance is None else (

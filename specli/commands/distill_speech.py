@@ -43,7 +43,7 @@ def run_speech_data(inputs, texts, preset_name: str, out: Path, model: str | Non
     from specli.distill.speech_data import SpeechDataOptions, generate_speech
     from specli.speech_batch import read_items
 
-    items = read_items(inputs, texts, sys.stdin if "-" in inputs else None)
+    items = read_items(inputs, texts, sys.stdin.buffer if "-" in inputs else None)
     for it in items:
         if it.request is None:
             click.echo(f"error: {it.where}: {it.error}", err=True)
@@ -93,4 +93,4 @@ def run_speech_train(data_dirs, preset_name: str, out: Path | None, val_dir: Pat
     if val_dir is not None:
         read_speech_manifest(val_dir)
         val = load_windows(val_dir)
-    run_training(lambda progress: train_speech(records, loaded, out, opts, val, manifests[0], progress), quiet)
+    run_training(lambda progress: train_speech(records, loaded, out, opts, val, manifests[0], progress), quiet, out)

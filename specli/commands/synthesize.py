@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import torch
 
+from specli.commands.interrupt import report_interrupt
 from specli.commands.synthesize_audio import OutcomeTally, run_audio
 from specli.engines.synthesis import load_synthesizer
 from specli.errors import PresetError
@@ -78,7 +79,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
                                  device)
     except ValueError as exc:  # sampler settings that do not fit the sampler
         raise PresetError(str(exc)) from exc
-    items = read_items(inputs, texts, sys.stdin if "-" in inputs else None)
+    items = read_items(inputs, texts, sys.stdin.buffer if "-" in inputs else None)
     run = ShardedRun.start([it.where for it in items], run_manifest, output_dir)  # torchrun: this rank's share
     items = run.take(items)
     show = (sys.stderr.isatty() if progress is None else progress) and run.shard.rank == 0
@@ -93,12 +94,13 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
         if own_jsonl:
             click.echo(json.dumps(result_record(out.result), ensure_ascii=False))
 
-    if fmt != "npy":
-        options = AudioOptions(fmt, sample_rate, seed)
-        outcomes = run_audio(synth, items, output_dir, options, prompt_wav, prompt_text, speaker, overwrite, own_jsonl,
-                             show, tally)
-    else:
-        outcomes = run_synthesis(synth, items, output_dir, overwrite, report, batch_size)
+    with report_interrupt(lambda: f"{tally.line()} (written outputs are kept; a rerun resumes)"):
+        if fmt != "npy":
+            options = AudioOptions(fmt, sample_rate, seed)
+            outcomes = run_audio(synth, items, output_dir, options, prompt_wav, prompt_text, speaker, overwrite,
+                                 own_jsonl, show, tally)
+        else:
+            outcomes = run_synthesis(synth, items, output_dir, overwrite, report, batch_size)
     for out in outcomes:
         run.add(_row(out, fmt, output_dir, bool(jsonl) and run.shard.distributed))
     _finish(run, tally)

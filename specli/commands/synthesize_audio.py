@@ -35,12 +35,16 @@ class OutcomeTally:
         self.counts["ok"] += 1
         return True
 
+    def line(self) -> str:
+        """The summary line: counts so far and the wall time."""
+        c = self.counts
+        return (f"utterances: {c['ok']} ok, {c['failed']} failed, {c['skipped']} skipped; "
+                f"wall {time.perf_counter() - self.t0:.1f} s")
+
     def finish(self, prefix: str = "") -> None:
         """Echo the summary line (after ``prefix``); exit 1 when any utterance failed."""
-        c = self.counts
-        click.echo(f"{prefix}utterances: {c['ok']} ok, {c['failed']} failed, {c['skipped']} skipped; "
-                   f"wall {time.perf_counter() - self.t0:.1f} s", err=True)
-        if c["failed"]:
+        click.echo(prefix + self.line(), err=True)
+        if self.counts["failed"]:
             raise SystemExit(1)
 
 

@@ -20,6 +20,7 @@ import torch
 from specli.audio import audio_duration
 from specli.batch import DEFAULT_BATCH_SIZE, batch_size_for, discover, plan_outputs, run_batch, text_settings
 from specli.commands.decoding_flags import DECODING_FLAGS, decoding_options
+from specli.commands.interrupt import EXIT_INTERRUPTED
 from specli.engines.language import check_model_name, check_model_support, normalize_language
 from specli.engines.strategies import Engine, load_engine
 from specli.engines.transcription import TranscribeOptions
@@ -31,7 +32,6 @@ from specli.vad import VadOptions, load_vad
 from specli.engines.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from specli.writers import FORMATS, SubtitleOptions
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 # the one option list of both commands (decorators, in --help order)
 OPTIONS = [

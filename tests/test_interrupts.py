@@ -1,0 +1,115 @@
+"""Ctrl-C in ``synthesize``, ``bench`` and ``distill``: what finished is printed, nothing partial is left, exit 130.
+
+A Ctrl-C is a ``KeyboardInterrupt`` raised in the main thread wherever the program is: here it is raised from
+inside the real run (the Nth call of a real step), after earlier outputs were written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import EN_CLIPS
+from cosyvoice_fixtures import write_checkpoint
+
+from specli.cli import main
+
+
+@pytest.fixture(scope="module")
+def cv3(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("cv3") / "ckpt", "cosyvoice3", seed=4)
+
+
+def _interrupt_on_call(monkeypatch, owner, name: str, n: int) -> None:
+    """Make the ``n``-th call of ``owner.name`` raise KeyboardInterrupt (the earlier ones run for real)."""
+    real = getattr(owner, name)
+    calls = {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+def _invoke(args):
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def _no_partial_files(out: Path) -> None:
+    assert not [p for p in out.rglob("*") if p.name.startswith(".") and p.name.endswith(".tmp")]
+
+
+def test_synthesize_ctrl_c_reports_what_finished(tmp_path, cv3, monkeypatch):
+    from specli.engines.synthesis import Synthesizer
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("one two\nthree four\nfive six\n")
+    _interrupt_on_call(monkeypatch, Synthesizer, "synthesize", 2)
+    out = tmp_path / "out"
+    res = _invoke(["synthesize", str(lines), "--model", str(cv3), "-o", str(out), "--sampler", "greedy"])
+    assert res.exit_code == 130, res.stderr
+    assert "interrupted: utterances: 1 ok, 0 failed, 0 skipped" in res.stderr and "rerun resumes" in res.stderr
+    assert sorted(p.name for p in out.glob("*.npy")) == ["lines_00001.npy"]
+    _no_partial_files(out)
+    res = _invoke(["synthesize", str(lines), "--model", str(cv3), "-o", str(out), "--sampler", "greedy"])
+    assert res.exit_code == 0 and "2 ok, 0 failed, 1 skipped" in res.stderr  # the rerun resumes
+
+
+def test_distill_data_and_train_ctrl_c_name_what_a_rerun_resumes(tmp_path, cv3, monkeypatch):
+    import specli.distill.speech_data as speech_data
+    import specli.distill.speech_train as speech_train
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(["a b c", "d e f", "g h i", "j k l"]) + "\n")
+    data = ["distill", "data", str(texts), "--preset", "cosyvoice3-ar", "--model", str(cv3), "--out",
+            str(tmp_path / "d"), "--per-shard", "1", "--sampler", "greedy", "-q"]
+    with monkeypatch.context() as m:
+        _interrupt_on_call(m, speech_data, "decode_request", 3)
+        res = _invoke(data)
+    assert res.exit_code == 130, res.stderr
+    assert f"interrupted: 2 shard(s) written to {tmp_path / 'd'}; the same command resumes" in res.stderr
+    assert json.loads((tmp_path / "d" / "manifest.json").read_text())["next_shard"] == 2
+    res = _invoke(data)
+    assert res.exit_code == 0 and "2 already done" in res.stderr
+
+    train = ["distill", "train", str(tmp_path / "d"), "--preset", "cosyvoice3-ar", "--model", str(cv3),
+             "--drafter", "dspark", "--steps", "4", "--anchors", "4", "--markov-rank", "8", "--draft-vocab", "256",
+             "--checkpoint-every", "1", "--batch", "1", "--out", str(tmp_path / "drafter"), "-q"]
+    with monkeypatch.context() as m:
+        _interrupt_on_call(m, speech_train, "_save_checkpoint", 3)
+        res = _invoke(train)
+    assert res.exit_code == 130, res.stderr
+    assert f"checkpoints so far are in {tmp_path / 'drafter' / 'checkpoints'}" in res.stderr
+    assert list((tmp_path / "drafter" / "checkpoints").iterdir())
+    _no_partial_files(tmp_path / "drafter")
+
+
+@pytest.mark.slow
+def test_bench_ctrl_c_keeps_the_measured_runs(tmp_path, monkeypatch):
+    from specli.bench.runlog import RunLog
+
+    _interrupt_on_call(monkeypatch, RunLog, "add", 2)  # the first measured run is on disk, then Ctrl-C
+    out = tmp_path / "bench"
+    res = _invoke(["bench", str(EN_CLIPS[2]), "--presets", "whisper-tiny.en-ar", "--repeat", "2", "--no-warmup",
+                   "--threads", "1", "--dtype", "float32", "--out", str(out), "-q"])
+    runs = out / "runs.jsonl"
+    assert res.exit_code == 130, res.stderr
+    assert f"interrupted: 1 measured run(s) kept in {runs}; `specli bench --from-runs {runs}`" in res.stderr
+    rebuilt = _invoke(["bench", "--from-runs", str(runs), "--out", str(tmp_path / "rebuilt"), "--no-plots"])
+    assert rebuilt.exit_code == 0, rebuilt.stderr
+    assert json.loads((tmp_path / "rebuilt" / "report.json").read_text())["summaries"][0]["utterances"] == 1
+
+
+def test_bench_synthesis_ctrl_c_exits_130(tmp_path, cv3, monkeypatch):
+    import specli.bench.synthesis as synthesis_bench
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("one two\n")
+    _interrupt_on_call(monkeypatch, synthesis_bench, "run_synthesis_bench", 1)
+    res = _invoke(["bench", str(lines), "--presets", "cosyvoice3-ar", "--out", str(tmp_path / "b"), "-q"])
+    assert res.exit_code == 130 and "interrupted: no report written" in res.stderr

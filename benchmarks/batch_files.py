@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from specli.audio import audio_duration
-from specli.batch import transcribe_files
-from specli.engines.strategies import load_engine
-from specli.engines.transcription import TranscribeOptions
+from specli.io.audio import audio_duration
+from specli.asr.pipeline import transcribe_files
+from specli.asr.strategies import load_engine
+from specli.asr.windows import TranscribeOptions
 from specli.presets import load_preset
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"

@@ -1,7 +1,7 @@
-"""Decode throughput of ragged batched decoding (engines/batched.py) at several batch sizes.
+"""Decode throughput of ragged batched decoding (core/batched.py) at several batch sizes.
 
 Real clips' first windows (encoded once, outside the timing) are decoded greedily with timestamp rules,
-``2 x batch`` rows per batch size through :func:`specli.engines.batched.decode_all` (continuous
+``2 x batch`` rows per batch size through :func:`specli.core.batched.decode_all` (continuous
 batching: a row joins when one leaves), without and/or with a drafter (n-gram pool per row, or the
 batched EAGLE head). Tokens/s counts every emitted
 token (eot included) over the decode wall time; batch 1 through ``greedy_decode`` is printed as the
@@ -19,16 +19,16 @@ from pathlib import Path
 
 import torch
 
-from specli.audio import N_SAMPLES, load_audio, window_features
-from specli.engines.batched import RowJob, decode_all
-from specli.engines.drafters.batched import PerRowDrafters
-from specli.engines.drafters.eagle import load_head
-from specli.engines.drafters.eagle_batched import BatchedEagleDrafter
-from specli.engines.drafters.ngram import NgramDrafter, NgramPool
-from specli.engines.greedy import greedy_decode
-from specli.engines.speculative import SpecOptions
-from specli.engines.targets.loader import load_whisper
-from specli.engines.targets.whisper_rules import WhisperLogitRules
+from specli.io.audio import N_SAMPLES, load_audio, window_features
+from specli.core.batched import RowJob, decode_all
+from specli.core.drafters.batched import PerRowDrafters
+from specli.asr.drafters.eagle import load_head
+from specli.asr.drafters.eagle_batched import BatchedEagleDrafter
+from specli.core.drafters.ngram import NgramDrafter, NgramPool
+from specli.core.greedy import greedy_decode
+from specli.core.speculative import SpecOptions
+from specli.models.whisper.loader import load_whisper
+from specli.models.whisper.rules import WhisperLogitRules
 
 CLIPS = sorted((Path(__file__).resolve().parent.parent / "samples" / "en").glob("*.wav"))
 

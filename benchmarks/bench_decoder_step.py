@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from specli.audio import load_audio, window_features
-from specli.engines.targets.layers import Linear
-from specli.engines.targets.loader import load_whisper
-from specli.engines.targets.whisper import WhisperTarget
+from specli.io.audio import load_audio, window_features
+from specli.models.layers import Linear
+from specli.models.whisper.loader import load_whisper
+from specli.models.whisper.target import WhisperTarget
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples/en"
 NS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24)

@@ -22,7 +22,7 @@ import torch
 import transformers
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from specli.engines.targets.qwen2 import Qwen2Dims, Qwen2Target
+from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 
 # transformers 5 renamed past_key_values to cache (the old name is deprecated)
 _CACHE_KW = "cache" if "cache" in inspect.signature(Qwen2ForCausalLM.forward).parameters else "past_key_values"

@@ -24,10 +24,10 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from specli.acoustic.flow_cv2 import FlowCV2, FlowCV2Config
-from specli.acoustic.flow_cv3 import FlowCV3, FlowCV3Config
-from specli.acoustic.hift import HiFT, HiFTConfig
-from specli.engines.targets.qwen2 import Qwen2Dims, Qwen2Target
+from specli.tts.acoustic.flow_cv2 import FlowCV2, FlowCV2Config
+from specli.tts.acoustic.flow_cv3 import FlowCV3, FlowCV3Config
+from specli.tts.acoustic.hift import HiFT, HiFTConfig
+from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 
 TOKENS_PER_SECOND = 25
 QWEN_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,

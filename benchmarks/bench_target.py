@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 import transformers
 
-from specli.audio import load_audio, window_features
-from specli.engines.greedy import greedy_decode
-from specli.engines.targets.compiled import compile_encoder
-from specli.engines.targets.loader import load_whisper
-from specli.engines.targets.whisper_rules import WhisperLogitRules
+from specli.io.audio import load_audio, window_features
+from specli.core.greedy import greedy_decode
+from specli.models.whisper.compiled import compile_encoder
+from specli.models.whisper.loader import load_whisper
+from specli.models.whisper.rules import WhisperLogitRules
 
 DEFAULT_CLIP = Path(__file__).resolve().parent.parent / "samples/en/sense_and_sensibility_01_austen_64kb-0870.wav"
 

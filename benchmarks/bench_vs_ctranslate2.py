@@ -40,16 +40,16 @@ class SpecliSide:
     def __init__(self, args) -> None:
         import torch
 
-        from specli.engines.targets.loader import load_whisper
+        from specli.models.whisper.loader import load_whisper
 
         torch.set_num_threads(args.threads)
         self.model = load_whisper(args.model, "float32" if args.dtype == "int8" else args.dtype)
         self.lang = "en" if self.model.special.multilingual else None
 
     def transcribe(self, clip: Path) -> str:
-        from specli.audio import iter_audio_chunks
-        from specli.engines.decoding import DecodingOptions
-        from specli.engines.transcription import TranscribeOptions, transcribe_stream
+        from specli.io.audio import iter_audio_chunks
+        from specli.asr.fallback import DecodingOptions
+        from specli.asr.windows import TranscribeOptions, transcribe_stream
 
         opts = TranscribeOptions(language=self.lang or "en", timestamps=False,
                                  decoding=DecodingOptions(temperatures=(0.0,), condition_on_previous_text=False))
@@ -64,8 +64,8 @@ class SpecliSide:
         """Seconds per token of one greedy decode of this window (encoder output computed before)."""
         import torch
 
-        from specli.engines.greedy import greedy_decode
-        from specli.engines.targets.whisper_rules import WhisperLogitRules
+        from specli.core.greedy import greedy_decode
+        from specli.models.whisper.rules import WhisperLogitRules
 
         sp, target = self.model.special, self.model.target
         enc = target.encode(torch.from_numpy(mel))
@@ -121,7 +121,7 @@ class Ct2Side:
 
 def window_mel(clip: Path, n_mels: int) -> np.ndarray:
     """The log-mel of the clip's first 30-s window, [1, n_mels, 3000] float32 (specli's front end)."""
-    from specli.audio import load_audio, window_features
+    from specli.io.audio import load_audio, window_features
 
     return window_features(load_audio(clip), n_mels).numpy()
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from specli.audio import iter_audio_chunks
-from specli.engines.decoding import DecodingOptions
-from specli.engines.strategies import build_decoder
-from specli.engines.targets.loader import load_whisper
-from specli.engines.transcription import TranscribeOptions, transcribe_stream
-from specli.engines.types import DecodeStats, accumulate
+from specli.io.audio import iter_audio_chunks
+from specli.asr.fallback import DecodingOptions
+from specli.asr.strategies import build_decoder
+from specli.models.whisper.loader import load_whisper
+from specli.asr.windows import TranscribeOptions, transcribe_stream
+from specli.core.types import DecodeStats, accumulate
 from specli.presets import preset_from_dict, read_preset_toml
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "en"

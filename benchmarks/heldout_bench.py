@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from specli.audio import load_audio
+from specli.io.audio import load_audio
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "docs" / "benchmarks" / "dtype-bf16" / "manifest.tsv"

@@ -17,7 +17,7 @@ per draft token, in ms, for each ``--dtypes`` of the target (the drafter picks t
 target's, or bfloat16 under a float32 target on a CPU with native bf16; its matrices int8 weight-only
 on the CPU): the default drafter, the same with float matrices (``float head``) and, under a float32
 target, the head all in float32. ``--baseline REV``
-also builds the drafter of ``specli/engines/drafters/eagle.py`` at git revision ``REV`` and times both
+also builds the drafter of ``specli/asr/drafters/eagle.py`` at git revision ``REV`` and times both
 side by side, interleaved repeat by repeat (a loaded machine slows both alike). On a machine
 shared with other jobs, ``--clock cpu`` times with the process's CPU time instead of wall time (at
 ``--threads 1`` this is the work a step does, whatever else runs)::
@@ -41,13 +41,13 @@ import soundfile as sf
 import torch
 import torch.nn.functional as F
 
-from specli.audio import window_features
-from specli.engines.drafters.base import DraftRequest, ModelDraftOptions
-from specli.engines.drafters.eagle import EagleDrafter, load_head
-from specli.engines.greedy import greedy_decode
-from specli.engines.logits import filter_logits
-from specli.engines.targets.loader import load_whisper
-from specli.engines.targets.whisper_rules import WhisperLogitRules
+from specli.io.audio import window_features
+from specli.core.drafters.base import DraftRequest, ModelDraftOptions
+from specli.asr.drafters.eagle import EagleDrafter, load_head
+from specli.core.greedy import greedy_decode
+from specli.core.logits import filter_logits
+from specli.models.whisper.loader import load_whisper
+from specli.models.whisper.rules import WhisperLogitRules
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("input", "block", "projection", "filter")
@@ -71,8 +71,8 @@ class Timers:
 
 
 def baseline_module(rev: str):
-    """``specli/engines/drafters/eagle.py`` as it was at git revision ``rev``, imported on its own."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:specli/engines/drafters/eagle.py"],
+    """``specli/asr/drafters/eagle.py`` as it was at git revision ``rev``, imported on its own."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:specli/asr/drafters/eagle.py"],
                          check=True, capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "eagle_baseline.py"
     path.write_text(src)

@@ -27,10 +27,10 @@ from test_speech_distill import FAST, TEXTS, markov_checkpoint  # noqa: E402
 from specli.distill.data import load_windows  # noqa: E402
 from specli.distill.speech_data import SpeechDataOptions, generate_speech, read_speech_manifest  # noqa: E402
 from specli.distill.speech_train import SpeechTrainOptions, new_module, train_speech, validate  # noqa: E402
-from specli.engines.drafters.speech_base import load_speech_drafter  # noqa: E402
-from specli.engines.sampling import SamplerOptions  # noqa: E402
-from specli.engines.synthesis import SynthesisRequest  # noqa: E402
-from specli.engines.targets.cosyvoice import load_cosyvoice  # noqa: E402
+from specli.core.drafters.llm.base import load_speech_drafter  # noqa: E402
+from specli.core.sampling import SamplerOptions  # noqa: E402
+from specli.tts.synthesis import SynthesisRequest  # noqa: E402
+from specli.models.cosyvoice.lm import load_cosyvoice  # noqa: E402
 
 
 def _row(name: str, stats) -> str:

@@ -20,15 +20,15 @@ from functools import partial
 
 import torch
 
-from specli.engines.drafters.base import DraftRequest
-from specli.engines.drafters.dflash import BlockDrafter, new_dflash
-from specli.engines.drafters.dspark import new_dspark
-from specli.engines.drafters.eagle3 import Eagle3Drafter, new_eagle3
-from specli.engines.drafters.speech_base import attach_aux_layers, target_parts
-from specli.engines.logits import filter_logits
-from specli.engines.sampling import build_sampler, default_options
-from specli.engines.targets.layers import Linear
-from specli.engines.targets.qwen2 import Qwen2Dims, Qwen2Target
+from specli.core.drafters.base import DraftRequest
+from specli.core.drafters.llm.dflash import BlockDrafter, new_dflash
+from specli.core.drafters.llm.dspark import new_dspark
+from specli.core.drafters.llm.eagle3 import Eagle3Drafter, new_eagle3
+from specli.core.drafters.llm.base import attach_aux_layers, target_parts
+from specli.core.logits import filter_logits
+from specli.core.sampling import build_sampler, default_options
+from specli.models.layers import Linear
+from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 
 SHAPES = {
     "tiny": dict(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64),

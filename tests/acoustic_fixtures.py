@@ -2,7 +2,7 @@
 
 - :func:`official_hift_state`: a ``hift.pt`` state dict whose keys and shapes are enumerated here from
   upstream's module tree (``cosyvoice/hifigan/generator.py``, ``f0_predictor.py``), independently of
-  ``specli.acoustic.hift``; weight-normed layers in either key style.
+  ``specli.tts.acoustic.hift``; weight-normed layers in either key style.
 - :func:`write_speech_tokenizer` / :func:`write_campplus`: ONNX models built with ``onnx.helper`` with the
   real models' signatures (``feats`` float32 [1, 128, T] + ``feats_length`` int32 [1] -> ``indices``
   int32 [1, ceil(T / 4)] or int64 [1, 1, ceil(T / 4)]; ``input`` float32 [1, T, 80] -> ``output`` float32 [1, 192]). Their outputs are
@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from specli.acoustic.hift import HiFTConfig
+from specli.tts.acoustic.hift import HiFTConfig
 
 Style = Literal["old", "param", "plain"]
 SOURCE_F0_HZ = 150.0  # classifier bias: F0 well above the 10 Hz voicing threshold

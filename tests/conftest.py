@@ -25,7 +25,7 @@ torch.set_num_threads(int(_OMP) if _OMP.isdigit() and int(_OMP) > 0 else 2)
 @pytest.fixture(scope="session")
 def whisper_models():
     """Loaded bundled models by name, loaded on first use."""
-    from specli.engines.targets.loader import load_whisper
+    from specli.models.whisper.loader import load_whisper
 
     cache: dict = {}
 

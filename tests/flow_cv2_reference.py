@@ -1,6 +1,6 @@
 """Reference of upstream CosyVoice2's flow stage (``CausalMaskedDiffWithXvec``), for numerical tests only.
 
-Built the way upstream builds it, so that ``specli.acoustic.flow_cv2`` can be compared forward by forward:
+Built the way upstream builds it, so that ``specli.tts.acoustic.flow_cv2`` can be compared forward by forward:
 
 - the estimator (``cosyvoice/flow/decoder.py`` ``CausalConditionalDecoder`` on Matcha-TTS 0.0.7.2's
   ``matcha/models/components/{decoder,transformer}.py``) uses **the real diffusers 0.29.0 modules** where

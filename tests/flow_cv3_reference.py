@@ -3,7 +3,7 @@
 Upstream = FunAudioLLM/CosyVoice@ace7c47: ``cosyvoice/flow/DiT/{dit,modules}.py`` (the DiT estimator),
 ``cosyvoice/transformer/upsample_encoder.py`` (``PreLookaheadLayer``), ``cosyvoice/flow/flow_matching.py``
 (``CausalConditionalCFM.solve_euler``), ``cosyvoice/flow/flow.py`` (``CausalMaskedDiffWithDiT.inference``) and
-``cosyvoice/utils/mask.py`` (``add_optional_chunk_mask``). Written independently of ``specli.acoustic``: the
+``cosyvoice/utils/mask.py`` (``add_optional_chunk_mask``). Written independently of ``specli.tts.acoustic``: the
 rotary embedding is **x-transformers' own module** at the version upstream pins (2.11.24), everything else
 follows upstream's operations in upstream's order, with module names that take ``flow.pt`` keys strictly.
 Inference only (dropout layers are identities in eval mode and are left out, keeping upstream's indices).

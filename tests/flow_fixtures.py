@@ -2,7 +2,7 @@
 
 The keys and shapes are enumerated here from upstream's module tree (``CausalMaskedDiffWithDiT`` with
 ``PreLookaheadLayer`` and the DiT estimator, including x-transformers' persistent ``inv_freq`` buffer),
-independently of ``specli.acoustic.flow_cv3``. :data:`TINY_FLOW_YAML` is the matching yaml ``flow:``
+independently of ``specli.tts.acoustic.flow_cv3``. :data:`TINY_FLOW_YAML` is the matching yaml ``flow:``
 entry, in the published file's shape.
 """
 

@@ -10,7 +10,7 @@ at commit ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40:
   ``CausalConv1dUpsample``; ``cosyvoice/transformer/activation.py``: ``Snake``;
   ``cosyvoice/utils/common.py``: ``get_padding``
 
-It is deliberately written apart from ``specli.acoustic.hift`` (functional code over the raw state dict,
+It is deliberately written apart from ``specli.tts.acoustic.hift`` (functional code over the raw state dict,
 upstream's operation order, upstream's names) so that a test comparing the two compares two readings of
 upstream. The only departures from upstream, all to make a comparison deterministic or dependency-free:
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from specli.engines.drafters.base import DraftProposal, DraftRequest
-from specli.engines.kv_cache import KVCache
-from specli.engines.logits import sample_inverse_cdf
-from specli.engines.types import HiddenStates, ScoreOutput
+from specli.core.drafters.base import DraftProposal, DraftRequest
+from specli.core.kv_cache import KVCache
+from specli.core.logits import sample_inverse_cdf
+from specli.core.types import HiddenStates, ScoreOutput
 
 V = 8  # toy vocabulary: 0..4 speech tokens, 5 "sos" (CV3-style masked id), 6 eos, 7 never emitted
 SOS, EOS, NEVER = 5, 6, 7

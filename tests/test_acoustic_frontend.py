@@ -12,9 +12,9 @@ import soxr
 import torch
 from acoustic_fixtures import campplus_weight, write_acoustic_dir, write_campplus, write_speech_tokenizer
 
-from specli.acoustic import Frontend, load_speakers
-from specli.acoustic.features import kaldi_fbank, prompt_mel, slaney_mel_filters, speaker_fbank, whisper_log_mel
-from specli.audio import load_audio, log_mel_spectrogram, mel_filters
+from specli.tts.acoustic import Frontend, load_speakers
+from specli.tts.acoustic.features import kaldi_fbank, prompt_mel, slaney_mel_filters, speaker_fbank, whisper_log_mel
+from specli.io.audio import load_audio, log_mel_spectrogram, mel_filters
 from specli.errors import AudioError, ModelLoadError, UsageError
 
 CLIP = Path(__file__).resolve().parent.parent / "samples" / "en" / "queue-youarenext.wav"  # 16 kHz, 5.36 s

@@ -1,4 +1,4 @@
-"""Tests for specli.audio: decoding, errors, streaming and Whisper log-mel features."""
+"""Tests for specli.io.audio: decoding, errors, streaming and Whisper log-mel features."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from specli import audio as A
+from specli.io import audio as A
 from specli.errors import AudioError
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"

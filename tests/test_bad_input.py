@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import EN_CLIPS
-from specli.batch import discover, plan_outputs, run_batch
+from specli.asr.pipeline import discover, plan_outputs, run_batch
 from specli.cli import main
-from specli.engines.transcription import TranscribeOptions
+from specli.asr.windows import TranscribeOptions
 
 TINY = ("--preset", "whisper-tiny.en-ar")
 SUMMARY = re.compile(r"files: (\d+) ok, (\d+) failed, (\d+) skipped")

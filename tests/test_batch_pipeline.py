@@ -4,7 +4,7 @@ whisper-tiny.en on the English samples and on a file over 30 s made of them (lon
 batch), with a corrupt file in the middle of the batch. Batched and unbatched matrix products (encoder
 over ``[k, n_mels, 3000]``, decoder over a ragged batch) round differently: log-probabilities move in
 the last bits in float32 and by up to about 1e-3 in bfloat16 (the CLI's ``--dtype auto``), which could
-flip a greedy near-tie between the top two logits (engines/batched.py). None flips on these clips at
+flip a greedy near-tie between the top two logits (core/batched.py). None flips on these clips at
 1 or 2 threads, so texts, tokens and timings are compared exactly and probabilities to 1e-2.
 """
 
@@ -23,15 +23,15 @@ import soundfile as sf
 from click.testing import CliRunner
 
 from conftest import EN_CLIPS, SAMPLES
-from specli.audio import SAMPLE_RATE, load_audio
-from specli.batch import batch_size_for, transcribe_files
+from specli.io.audio import SAMPLE_RATE, load_audio
+from specli.asr.pipeline import batch_size_for, transcribe_files
 from specli.cli import main
-from specli.engines.decoding import DecodingOptions
-from specli.engines.strategies import load_engine
-from specli.engines.transcription import TranscribeOptions
+from specli.asr.fallback import DecodingOptions
+from specli.asr.strategies import load_engine
+from specli.asr.windows import TranscribeOptions
 from specli.errors import AudioError
 from specli.presets import load_preset
-from specli.vad import VadOptions
+from specli.asr.vad import VadOptions
 
 REPO = SAMPLES.parent
 TINY = ("--preset", "whisper-tiny.en-ar")

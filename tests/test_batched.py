@@ -1,4 +1,4 @@
-"""Ragged batched decoding (engines/batched.py): every row decodes as it would alone, token for token.
+"""Ragged batched decoding (core/batched.py): every row decodes as it would alone, token for token.
 
 Property tests on tiny random targets (Whisper and Qwen2): rows of different prompt lengths, rules,
 length limits and end steps (a per-row rule forces eot after a row-specific number of tokens), more
@@ -22,18 +22,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specli.engines.batched import BatchDecoder, RowJob, decode_all
-from specli.engines.drafters.base import ModelDraftOptions
-from specli.engines.drafters.batched import PerRowDrafters
-from specli.engines.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead
-from specli.engines.drafters.eagle_batched import BatchedEagleDrafter
-from specli.engines.drafters.model import ModelDrafter
-from specli.engines.drafters.ngram import NgramDrafter, NgramPool
-from specli.engines import speculative
-from specli.engines.greedy import greedy_decode
-from specli.engines.logits import SamplingParams, filter_logits
-from specli.engines.speculative import SpecOptions
-from specli.engines.types import LogitRules
+from specli.core.batched import BatchDecoder, RowJob, decode_all
+from specli.core.drafters.base import ModelDraftOptions
+from specli.core.drafters.batched import PerRowDrafters
+from specli.asr.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead
+from specli.asr.drafters.eagle_batched import BatchedEagleDrafter
+from specli.asr.drafters.model import ModelDrafter
+from specli.core.drafters.ngram import NgramDrafter, NgramPool
+from specli.core import speculative
+from specli.core.greedy import greedy_decode
+from specli.core.logits import SamplingParams, filter_logits
+from specli.core.speculative import SpecOptions
+from specli.core.types import LogitRules
 from tiny_models import (EOT, NO_TS, SOT, VOCAB, AlwaysWrongDrafter, NoisyTreeDrafter, RandomTreeDrafter, tiny_rules,
                          tiny_target, window)
 
@@ -180,7 +180,7 @@ class OracleDrafter:
         self.ref = self.refs[tuple(prompt)] + [EOT, 7, 8, 9]
 
     def propose(self, request):
-        from specli.engines.drafters.base import DraftProposal
+        from specli.core.drafters.base import DraftProposal
 
         done = len(request.tokens) - request.prompt_len
         draft = self.ref[done : done + request.budget]

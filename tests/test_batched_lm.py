@@ -16,16 +16,16 @@ from hypothesis import strategies as st
 from transformers import Qwen2ForCausalLM
 
 from cosyvoice_fixtures import qwen_config, write_checkpoint
-from specli.engines.batched import RowJob, decode_all
-from specli.engines.drafters.base import DraftProposal
-from specli.engines.drafters.batched import PerRowDrafters
-from specli.engines.drafters.ngram import NgramDrafter, NgramPool
-from specli.engines.greedy import greedy_decode
-from specli.engines.sampling import SamplerOptions, build_sampler
-from specli.engines.speculative import SpecOptions
-from specli.engines.synthesis import SynthesisOptions, SynthesisRequest, Synthesizer, prepare
-from specli.engines.targets.cosyvoice import load_cosyvoice
-from specli.engines.targets.qwen2 import Qwen2Dims, Qwen2Target
+from specli.core.batched import RowJob, decode_all
+from specli.core.drafters.base import DraftProposal
+from specli.core.drafters.batched import PerRowDrafters
+from specli.core.drafters.ngram import NgramDrafter, NgramPool
+from specli.core.greedy import greedy_decode
+from specli.core.sampling import SamplerOptions, build_sampler
+from specli.core.speculative import SpecOptions
+from specli.tts.synthesis import SynthesisOptions, SynthesisRequest, Synthesizer, prepare
+from specli.models.cosyvoice.lm import load_cosyvoice
+from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 
 EOS = 3
 MAX_LEN = 64
@@ -149,8 +149,8 @@ def _random_tree(g: torch.Generator, n: int) -> list[int]:
 def test_ragged_tree_scoring_equals_batch1_scoring(seed):
     """One ragged forward: rows at different lengths, each scoring its own tree padded to the widest;
     each real row's logits == that row scored alone, and the rows' caches keep only what they keep."""
-    from specli.engines.batched import _batch_inputs, _Row
-    from specli.engines.tree import tree_inputs
+    from specli.core.batched import _batch_inputs, _Row
+    from specli.core.tree import tree_inputs
 
     g = torch.Generator().manual_seed(seed)
     lengths, sizes = [5, 1, 9], [int(torch.randint(0, 5, (1,), generator=g)) for _ in range(3)]

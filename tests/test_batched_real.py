@@ -14,15 +14,15 @@ import pytest
 import torch
 
 from conftest import EN_CLIPS, ES_CLIPS
-from specli.audio import N_SAMPLES, load_audio, window_features
-from specli.engines.batched import RowJob, decode_all
-from specli.engines.drafters.batched import PerRowDrafters
-from specli.engines.drafters.eagle import load_head
-from specli.engines.drafters.eagle_batched import BatchedEagleDrafter
-from specli.engines.drafters.ngram import NgramDrafter, NgramPool
-from specli.engines.greedy import greedy_decode
-from specli.engines.speculative import SpecOptions
-from specli.engines.targets.whisper_rules import WhisperLogitRules
+from specli.io.audio import N_SAMPLES, load_audio, window_features
+from specli.core.batched import RowJob, decode_all
+from specli.core.drafters.batched import PerRowDrafters
+from specli.asr.drafters.eagle import load_head
+from specli.asr.drafters.eagle_batched import BatchedEagleDrafter
+from specli.core.drafters.ngram import NgramDrafter, NgramPool
+from specli.core.greedy import greedy_decode
+from specli.core.speculative import SpecOptions
+from specli.models.whisper.rules import WhisperLogitRules
 
 
 @pytest.fixture(scope="module")

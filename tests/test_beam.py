@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from conftest import EN_CLIPS
-from specli.engines.beam import beam_decode
-from specli.engines.decoding import rank_score
-from specli.engines.greedy import greedy_decode
-from specli.engines.logits import filter_logits
+from specli.core.beam import beam_decode
+from specli.asr.fallback import rank_score
+from specli.core.greedy import greedy_decode
+from specli.core.logits import filter_logits
 from tiny_models import EOT, NO_TS, SOT, tiny_rules, tiny_target, window
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -76,9 +76,9 @@ def _words(text: str) -> list[str]:
 
 @pytest.mark.slow
 def test_beam_five_on_real_speech(whisper_models):
-    from specli.audio import iter_audio_chunks
-    from specli.engines.decoding import DecodingOptions
-    from specli.engines.transcription import TranscribeOptions, transcribe_stream
+    from specli.io.audio import iter_audio_chunks
+    from specli.asr.fallback import DecodingOptions
+    from specli.asr.windows import TranscribeOptions, transcribe_stream
 
     model = whisper_models("whisper-tiny.en")
     for clip in EN_CLIPS[:2]:

@@ -47,7 +47,7 @@ def test_bench_rejects_unknown_peer(tmp_path):
 
 def test_ct2_dir_joins_bundled_parts_once(tmp_path):
     from specli.bench.peers import ct2_dir
-    from specli.engines.targets.resolve import is_ct2_dir
+    from specli.models.whisper.resolve import is_ct2_dir
 
     tiny = ct2_dir("whisper-tiny.en", root=tmp_path)
     assert is_ct2_dir(tiny) and not list(tmp_path.iterdir())  # single model.bin: used in place
@@ -69,7 +69,7 @@ def long_clip(tmp_path_factory):
     import numpy as np
     import soundfile as sf
 
-    from specli.audio import load_audio
+    from specli.io.audio import load_audio
 
     parts = [*EN_CLIPS, EN_CLIPS[0]]
     gap = np.zeros(int(GAP * 16000), dtype=np.float32)

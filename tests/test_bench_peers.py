@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import EN_CLIPS
-from specli.audio import load_audio
+from specli.io.audio import load_audio
 from specli.bench.peers import (COMPUTE_TYPES, BenchError, FasterWhisperBatchedPeer, FasterWhisperPeer, PeerSpec,
                                 parse_peer, peer_compute_type)
 from specli.bench.runner import BenchOptions

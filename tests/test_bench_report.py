@@ -11,7 +11,7 @@ from specli.bench.render import markdown, write_report
 from specli.bench.report import Bins, Run, Skip, SystemInfo, acceptance_stats, aggregate, build_report
 from specli.bench.runlog import RunLog, read_runlog
 from specli.bench.wer import cer, error_counts, normalize, wer
-from specli.engines.types import DecodeStats
+from specli.core.types import DecodeStats
 
 AR = SystemInfo("base-ar", "preset", "base", "ar")
 SPEC = SystemInfo("base-spec", "preset", "base", "chain")

@@ -15,9 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specli.engines.drafters.base import DraftProposal
-from specli.engines.greedy import greedy_decode
-from specli.engines.speculative import SpecOptions, speculative_decode
+from specli.core.drafters.base import DraftProposal
+from specli.core.greedy import greedy_decode
+from specli.core.speculative import SpecOptions, speculative_decode
 from tiny_models import EOT, NO_TS, SOT, AlwaysWrongDrafter, tiny_rules, tiny_target, window
 
 TARGET = tiny_target(0, dtype=torch.bfloat16)

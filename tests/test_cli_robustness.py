@@ -20,9 +20,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import EN_CLIPS, SAMPLES
-from specli import batch
+from specli.asr import pipeline as batch
 from specli.cli import main
-from specli.engines.language import LANGUAGES, check_model_name, normalize_language
+from specli.asr.language import LANGUAGES, check_model_name, normalize_language
 from specli.errors import PresetError, UsageError
 from specli.presets import preset_from_dict
 
@@ -80,7 +80,7 @@ def test_unknown_languages_are_usage_errors(given):
 
 
 def test_language_table_is_whispers():
-    from specli.engines.targets.resolve import resolve_model
+    from specli.models.whisper.resolve import resolve_model
 
     gen = json.loads((resolve_model("whisper-base") / "generation_config.json").read_text())
     by_id = sorted(gen["lang_to_id"], key=gen["lang_to_id"].get)  # the model's own table, in token order
@@ -115,7 +115,7 @@ def test_bad_language_rejected_before_loading(tmp_path, no_model_load, args, mes
 
 def test_english_only_model_known_only_after_loading(tmp_path):
     """A directory not named '*.en' is found English-only once loaded, before any input is processed."""
-    from specli.engines.targets.resolve import resolve_model
+    from specli.models.whisper.resolve import resolve_model
 
     model_dir = tmp_path / "my-model"
     model_dir.symlink_to(resolve_model("whisper-tiny.en"), target_is_directory=True)
@@ -128,8 +128,8 @@ def test_english_only_model_known_only_after_loading(tmp_path):
 
 
 def test_library_batch_normalises_and_rejects_languages(whisper_models):
-    from specli.engines.strategies import Engine, build_decoder
-    from specli.engines.transcription import TranscribeOptions
+    from specli.asr.strategies import Engine, build_decoder
+    from specli.asr.windows import TranscribeOptions
     from specli.presets import load_preset
 
     p = load_preset("whisper-tiny.en-ar")
@@ -193,7 +193,7 @@ def noise_mp3(tmp_path) -> Path:
 
 
 def test_quiet_stderr_captures_fd_2(capfd):
-    from specli.fdcapture import quiet_stderr
+    from specli.io.fdcapture import quiet_stderr
 
     with quiet_stderr() as noise:
         os.write(2, b"Note: Illegal Audio-MPEG-Header 0x00000000 at offset 296.\nNote: Trying to resync...\n")
@@ -340,9 +340,9 @@ def test_rerun_redoes_outputs_made_with_other_settings(tmp_path):
 def test_every_transcribe_option_is_in_the_settings_fingerprint():
     from dataclasses import replace
 
-    from specli.engines.transcription import TranscribeOptions
+    from specli.asr.windows import TranscribeOptions
     from specli.presets import load_preset
-    from specli.resume import describe_change, settings_fingerprint
+    from specli.io.resume import describe_change, settings_fingerprint
 
     p = load_preset("whisper-tiny.en-ar")
     opts = TranscribeOptions()
@@ -356,7 +356,7 @@ def test_every_transcribe_option_is_in_the_settings_fingerprint():
 
 
 def test_stale_and_unrecorded_outputs_are_redone(tmp_path):
-    from specli.resume import ResumeDecision, decide, sidecar_path, write_sidecar
+    from specli.io.resume import ResumeDecision, decide, sidecar_path, write_sidecar
 
     base = tmp_path / "clip"
     txt, srt = base.with_name("clip.txt"), base.with_name("clip.srt")

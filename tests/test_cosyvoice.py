@@ -11,13 +11,13 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from cosyvoice_fixtures import write_checkpoint
-from specli.engines.sampling import SamplerOptions
-from specli.engines.synthesis import (SynthesisInputError, SynthesisOptions, SynthesisRequest, Synthesizer,
+from specli.core.sampling import SamplerOptions
+from specli.tts.synthesis import (SynthesisInputError, SynthesisOptions, SynthesisRequest, Synthesizer,
                                       prepare)
-from specli.engines.targets.cosyvoice import load_cosyvoice, resolve_cosyvoice
-from specli.engines.targets.cosyvoice_layout import SpeechLMSpec, merged_layout, vllm_layout
-from specli.engines.targets.cosyvoice_text import CV3_DEFAULT_PROMPT, special_tokens
-from specli.engines.targets.hyperpyyaml import Tagged, read_hyperpyyaml
+from specli.models.cosyvoice.lm import load_cosyvoice, resolve_cosyvoice
+from specli.models.cosyvoice.layout import SpeechLMSpec, merged_layout, vllm_layout
+from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, special_tokens
+from specli.models.cosyvoice.yaml import Tagged, read_hyperpyyaml
 from specli.errors import ModelLoadError
 
 S = 6561
@@ -229,7 +229,7 @@ def test_checkpoint_shape_errors(tmp_path):
 
 
 def test_cosyvoice_lm_tree_scoring_equals_chains(ckpts):
-    from specli.engines.tree import tree_inputs
+    from specli.core.tree import tree_inputs
 
     lm = load_cosyvoice(str(ckpts["cosyvoice2", None])).lm
     prompt = torch.tensor([lm.layout.prompt([70, 71, 72], [], [9])])

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specli.engines.targets.ct2 import (
+from specli.models.whisper.ct2 import (
     DTYPE_IDS,
     read_model_bin,
     sha256_of_parts,
     verify_sha256,
 )
-from specli.engines.targets.resolve import BUNDLED, find_package_dir
+from specli.models.whisper.resolve import BUNDLED, find_package_dir
 from specli.errors import ModelLoadError
 
 _NP_DTYPES = {"float32": "<f4", "int8": "i1", "int16": "<i2", "int32": "<i4", "float16": "<f2", "bfloat16": "<u2"}

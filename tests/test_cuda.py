@@ -25,14 +25,14 @@ DEV = torch.device(os.environ.get("SPECLI_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEV.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
 
 from conftest import EN_CLIPS, ES_CLIPS  # noqa: E402
-from specli.engines.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead  # noqa: E402
-from specli.engines.drafters.model import ModelDrafter, ModelDraftOptions  # noqa: E402
-from specli.engines.drafters.ngram import NgramDrafter, NgramPool  # noqa: E402
-from specli.engines.drafters.recycling import RecyclingDrafter  # noqa: E402
-from specli.engines.greedy import greedy_decode  # noqa: E402
-from specli.engines.logits import SamplingParams  # noqa: E402
-from specli.engines.speculative import SpecOptions, speculative_decode  # noqa: E402
-from specli.engines.verify import reference, verify  # noqa: E402
+from specli.asr.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead  # noqa: E402
+from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions  # noqa: E402
+from specli.core.drafters.ngram import NgramDrafter, NgramPool  # noqa: E402
+from specli.core.drafters.recycling import RecyclingDrafter  # noqa: E402
+from specli.core.greedy import greedy_decode  # noqa: E402
+from specli.core.logits import SamplingParams  # noqa: E402
+from specli.core.speculative import SpecOptions, speculative_decode  # noqa: E402
+from specli.core.verify import reference, verify  # noqa: E402
 from tiny_models import (EOT, NO_TS, SOT, NoisyTreeDrafter, RandomTreeDrafter, count_kernel_calls,  # noqa: E402
                          random_verify_case, tiny_rules, tiny_target, window)
 
@@ -41,7 +41,7 @@ SAMPLING = SamplingParams(temperature=0.9, top_k=20, top_p=0.92, repetition_pena
 
 
 def _kernels():
-    return pytest.importorskip("specli.engines.verify.triton_kernels", reason="triton is not installed")
+    return pytest.importorskip("specli.core.verify.triton_kernels", reason="triton is not installed")
 
 
 # ---------------------------------------------------------------- kernels on CUDA tensors
@@ -82,7 +82,7 @@ def test_greedy_tree_kernel_ties_and_big_vocabulary_on_cuda():
 
 class CpuTensorWatch(TorchFunctionMode):
     """Records every torch call that returns a CPU tensor while active (except the pinned host staging
-    inside ``specli.engines.device.host_to_device``, which exists to feed the device)."""
+    inside ``specli.core.device.host_to_device``, which exists to feed the device)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -196,7 +196,7 @@ def test_sampled_decode_kernels_equal_reference_on_cuda(cuda_targets, name):
 
 @pytest.fixture(scope="module")
 def cuda_models():
-    from specli.engines.targets.loader import load_whisper
+    from specli.models.whisper.loader import load_whisper
 
     cache: dict = {}
 
@@ -217,10 +217,10 @@ def _speculative_presets():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", _speculative_presets())
 def test_real_presets_identical_to_ar_on_cuda_fp16(cuda_models, name):
-    from specli.audio import iter_audio_chunks
-    from specli.engines.decoding import DecodingOptions
-    from specli.engines.strategies import build_decoder
-    from specli.engines.transcription import TranscribeOptions, transcribe_stream
+    from specli.io.audio import iter_audio_chunks
+    from specli.asr.fallback import DecodingOptions
+    from specli.asr.strategies import build_decoder
+    from specli.asr.windows import TranscribeOptions, transcribe_stream
     from specli.presets import load_preset
 
     preset = load_preset(name)
@@ -253,7 +253,7 @@ def test_interpreter_is_off_for_this_module_when_run_by_the_gpu_check():
 def _tiny_qwen2(dtype: torch.dtype):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from specli.engines.targets.qwen2 import Qwen2Dims, Qwen2Target
+    from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=97, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -286,9 +286,9 @@ def test_qwen2_target_on_the_device_lossless(dtype, drafter, greedy):
 
 def test_cosyvoice_lm_on_the_device_pool_equals_ar(tmp_path):
     from cosyvoice_fixtures import write_checkpoint
-    from specli.engines.sampling import SamplerOptions
-    from specli.engines.synthesis import SynthesisOptions, SynthesisRequest, Synthesizer
-    from specli.engines.targets.cosyvoice import load_cosyvoice
+    from specli.core.sampling import SamplerOptions
+    from specli.tts.synthesis import SynthesisOptions, SynthesisRequest, Synthesizer
+    from specli.models.cosyvoice.lm import load_cosyvoice
 
     model = load_cosyvoice(str(write_checkpoint(tmp_path / "cv2", "cosyvoice2", seed=7)), device=DEV)
     assert model.lm.speech_embedding.device.type == DEV.type

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import EN_CLIPS, SAMPLES
-from specli.audio import SAMPLE_RATE, iter_audio_chunks, load_audio
+from specli.io.audio import SAMPLE_RATE, iter_audio_chunks, load_audio
 from specli.cli import main
 from specli.commands.decoding_flags import temperature_schedule
-from specli.engines.decoding import DecodingOptions, suppress_ids
-from specli.engines.transcription import TranscribeOptions, transcribe_stream
+from specli.asr.fallback import DecodingOptions, suppress_ids
+from specli.asr.windows import TranscribeOptions, transcribe_stream
 from specli.errors import UsageError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from conftest import EN_CLIPS, SAMPLES
 from specli.cli import main
-from specli.engines.device import (auto_dtype, cpu_flags, cpu_native_bf16, dtype_name, has_native_bf16,
+from specli.core.device import (auto_dtype, cpu_flags, cpu_native_bf16, dtype_name, has_native_bf16,
                                    host_to_device, resolve_device, resolve_dtype)
 from specli.errors import PresetError, UsageError
 from specli.presets import load_preset, preset_from_dict
@@ -79,7 +79,7 @@ def test_dtype_auto_follows_this_machines_cpu():
 
 def test_resume_sidecar_records_the_resolved_dtype(tmp_path):
     """The sidecar holds the dtype the text was made in, never "auto": a run in another dtype redoes the file."""
-    from specli.resume import read_sidecar, sidecar_path
+    from specli.io.resume import read_sidecar, sidecar_path
 
     auto = dtype_name(auto_dtype(torch.device("cpu")))
     args = ["transcribe", CLIP, "--preset", "whisper-tiny.en-ar", "--device", "cpu", "-o", tmp_path, "--threads", 1]
@@ -113,7 +113,7 @@ def test_presets_carry_a_validated_device():
 
 
 def test_engine_reports_the_effective_device_and_dtype():
-    from specli.engines.strategies import load_engine
+    from specli.asr.strategies import load_engine
 
     engine = load_engine(load_preset("whisper-tiny.en-ar"), device="cpu")
     assert engine.preset.device == "cpu" and engine.preset.dtype == dtype_name(auto_dtype(torch.device("cpu")))
@@ -159,7 +159,7 @@ def test_bad_device_as_a_subprocess(tmp_path):
 
 
 def test_packed_linear_is_cpu_only_and_keeps_plain_weights_elsewhere():
-    from specli.engines.targets.layers import Linear
+    from specli.models.layers import Linear
 
     w = torch.randn(8, 16, device="cpu")
     assert Linear(w, None).fast or not torch.backends.mkldnn.is_available()

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from conftest import ES_CLIPS
 from specli.distill.data import load_windows, read_manifest, window_record
 from specli.distill.train import TrainOptions, dropped, make_batch, noisy, train, unrolled_loss
-from specli.engines.drafters.eagle import EagleConfig, SpeechDraftHead, load_head
-from specli.engines.greedy import greedy_decode
+from specli.asr.drafters.eagle import EagleConfig, SpeechDraftHead, load_head
+from specli.core.greedy import greedy_decode
 from tiny_models import EOT, NO_TS, SOT, tiny_rules, tiny_target, window
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,8 +182,8 @@ def test_cli_rejects_bad_regularisers_and_english_only_translate(tmp_path):
 
 
 def test_distill_data_translate_labels_are_the_targets_translate_decode(tmp_path, whisper_models, one_torch_thread):
-    from specli.audio import iter_audio_chunks
-    from specli.engines.transcription import TranscribeOptions, transcribe_stream
+    from specli.io.audio import iter_audio_chunks
+    from specli.asr.windows import TranscribeOptions, transcribe_stream
 
     model = whisper_models("whisper-base")  # float32, as labelled with --dtype float32
     clip = min(ES_CLIPS, key=lambda p: p.stat().st_size)

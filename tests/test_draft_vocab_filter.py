@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specli.engines.logits import GREEDY, DraftVocab, SamplingParams, filter_logits
-from specli.engines.sampling import GreedyRules
-from specli.engines.targets.whisper_rules import WhisperLogitRules
+from specli.core.logits import GREEDY, DraftVocab, SamplingParams, filter_logits
+from specli.core.sampling import GreedyRules
+from specli.models.whisper.rules import WhisperLogitRules
 
 
 @st.composite

@@ -17,14 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import EN_CLIPS
-from specli.engines.drafters.base import DraftRequest, ModelDraftOptions
-from specli.engines.drafters.dynamic_tree import DynamicTreeDrafter, DynamicTreeOptions
-from specli.engines.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead
-from specli.engines.drafters.model import ModelDrafter
-from specli.engines.greedy import greedy_decode
-from specli.engines.logits import filter_logits
-from specli.engines.speculative import SpecOptions, speculative_decode
-from specli.engines.tree import depths, path_to
+from specli.core.drafters.base import DraftRequest, ModelDraftOptions
+from specli.asr.drafters.dynamic_tree import DynamicTreeDrafter, DynamicTreeOptions
+from specli.asr.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead
+from specli.asr.drafters.model import ModelDrafter
+from specli.core.greedy import greedy_decode
+from specli.core.logits import filter_logits
+from specli.core.speculative import SpecOptions, speculative_decode
+from specli.core.tree import depths, path_to
 from specli.errors import PresetError
 from specli.presets import load_preset, preset_from_dict
 from test_sampling import assert_two_token_marginals, tv
@@ -236,7 +236,7 @@ def test_presets_validate_the_tree_keys():
 
 @pytest.mark.slow
 def test_real_weights_dynamic_tree_identical_to_ar(whisper_models):
-    from specli.engines.strategies import build_decoder
+    from specli.asr.strategies import build_decoder
     from test_real_speculative import _tokens
 
     # unpruned (the shipped preset drops nodes below path probability 0.2, and on this clip proposes chains;

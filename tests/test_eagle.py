@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 from conftest import EN_CLIPS
 from specli.distill.data import generate, load_windows, read_manifest, window_record
 from specli.distill.train import TrainOptions, learning_rate, make_batch, start_rows, train, unrolled_loss, validate
-from specli.engines.drafters.base import DraftRequest
-from specli.engines.drafters.eagle import (EagleConfig, EagleDrafter, PackedLinear, SpeechDraftHead, cross_attention,
+from specli.core.drafters.base import DraftRequest
+from specli.asr.drafters.eagle import (EagleConfig, EagleDrafter, PackedLinear, SpeechDraftHead, cross_attention,
                                            draft_vocabulary, load_head, packed_for_inference, save_head)
-from specli.engines.drafters.model import ModelDraftOptions
-from specli.engines.greedy import greedy_decode
-from specli.engines.logits import GREEDY, SamplingParams, filter_logits
-from specli.engines.speculative import SpecOptions, speculative_decode
+from specli.asr.drafters.model import ModelDraftOptions
+from specli.core.greedy import greedy_decode
+from specli.core.logits import GREEDY, SamplingParams, filter_logits
+from specli.core.speculative import SpecOptions, speculative_decode
 from specli.errors import AudioError, ModelLoadError
 from tiny_models import EOT, NO_TS, SOT, tiny_rules, tiny_target, window
 
@@ -176,7 +176,7 @@ MODES = {
 
 
 def test_int8_packed_copy_is_close_to_the_trained_head_and_the_cpu_default():
-    from specli.engines.targets.layers import Int8Linear, Linear
+    from specli.models.layers import Int8Linear, Linear
 
     head = _head(5, draft_vocab=30)
     small = packed_for_inference(head, int8=True)

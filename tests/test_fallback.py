@@ -8,13 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specli.engines import speculative
-from specli.engines.decoding import (DecodeMethod, DecodingOptions, avg_logprob, decode_attempt, decode_with_fallback,
+from specli.core import speculative
+from specli.asr.fallback import (DecodeMethod, DecodingOptions, avg_logprob, decode_attempt, decode_with_fallback,
                                      fallback_steps, is_silent, needs_fallback, rank_score, should_skip)
-from specli.engines.drafters.model import ModelDrafter
-from specli.engines.logits import SamplingParams, filter_logits
-from specli.engines.speculative import SpecOptions
-from specli.engines.types import DecodeResult, DecodeStats
+from specli.asr.drafters.model import ModelDrafter
+from specli.core.logits import SamplingParams, filter_logits
+from specli.core.speculative import SpecOptions
+from specli.core.types import DecodeResult, DecodeStats
 from tiny_models import EOT, NO_TS, SOT, VOCAB, tiny_rules, tiny_target, window
 
 # ------------------------------------------------------------- openai-whisper's rules, as they are written

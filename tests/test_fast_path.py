@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from specli.engines.targets.layers import Linear
-from specli.engines.targets.whisper import WhisperDims, WhisperTarget
+from specli.models.layers import Linear
+from specli.models.whisper.target import WhisperDims, WhisperTarget
 from tiny_models import tiny_target
 
 ROWS = [*range(1, 25), 1500]
@@ -129,7 +129,7 @@ def test_decoder_logits_match_transformers_for_1_to_24_tokens(small_model) -> No
 def test_bf16_cross_attention_runs_over_float32_kv(n):
     """A bf16 query over float32 window K/V: float32 SDPA, the result in bf16 (closer to the float32 reference
     than bf16 SDPA over bf16 K/V); same dtypes take SDPA itself."""
-    from specli.engines.targets.layers import cross_attention
+    from specli.models.layers import cross_attention
 
     gen = torch.Generator().manual_seed(n)
     q, k, v = (torch.randn(2, 4, m, 32, generator=gen) for m in (n, 1500, 1500))

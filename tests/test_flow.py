@@ -10,12 +10,12 @@ import torch
 from acoustic_fixtures import tiny_hift_config, write_hift
 from flow_fixtures import TINY, TINY_CV2_FLOW_YAML, TINY_FLOW_YAML, official_cv2_flow_state, official_flow_state
 
-from specli.acoustic.cfm import CFMSettings, drop_silent_runs, fixed_noise, solve_cfm
-from specli.acoustic.flow import flow_config, load_flow
-from specli.acoustic.flow_cv2 import FlowCV2Config, rel_shift, relative_positions
-from specli.acoustic.flow_cv3 import FlowCV3Config, _apply_rotary
-from specli.acoustic.hift import load_hift
-from specli.engines.targets.hyperpyyaml import read_hyperpyyaml
+from specli.tts.acoustic.cfm import CFMSettings, drop_silent_runs, fixed_noise, solve_cfm
+from specli.tts.acoustic.flow import flow_config, load_flow
+from specli.tts.acoustic.flow_cv2 import FlowCV2Config, rel_shift, relative_positions
+from specli.tts.acoustic.flow_cv3 import FlowCV3Config, _apply_rotary
+from specli.tts.acoustic.hift import load_hift
+from specli.models.cosyvoice.yaml import read_hyperpyyaml
 from specli.errors import ModelLoadError
 
 _HEADER = "spk_embed_dim: 192\ntoken_frame_rate: 25\ntoken_mel_ratio: 2\nchunk_size: 25\nnum_decoding_left_chunks: -1\n"

@@ -1,4 +1,4 @@
-"""specli's CosyVoice2 flow (``specli/acoustic/flow_cv2.py``) against a reference of upstream's, forward by forward.
+"""specli's CosyVoice2 flow (``specli/tts/acoustic/flow_cv2.py``) against a reference of upstream's, forward by forward.
 
 The reference (``tests/flow_cv2_reference.py``) runs diffusers 0.29.0's ``Attention`` / ``GELU`` /
 ``LoRACompatibleLinear`` / ``get_activation`` where Matcha-TTS's U-Net does, and transcribes upstream's own
@@ -19,9 +19,9 @@ diffusers = pytest.importorskip("diffusers", reason="diffusers (dev extra) is th
 from flow_cv2_reference import build_reference_flow, mask_to_bias  # noqa: E402
 from flow_fixtures import TINY_CV2, official_cv2_flow_state  # noqa: E402
 
-from specli.acoustic.cfm import chunk_attention_mask  # noqa: E402
-from specli.acoustic.flow import load_flow  # noqa: E402
-from specli.acoustic.flow_cv2 import EncoderConfig, FlowCV2Config, UNetConfig, relative_positions  # noqa: E402
+from specli.tts.acoustic.cfm import chunk_attention_mask  # noqa: E402
+from specli.tts.acoustic.flow import load_flow  # noqa: E402
+from specli.tts.acoustic.flow_cv2 import EncoderConfig, FlowCV2Config, UNetConfig, relative_positions  # noqa: E402
 
 SIZES = {**TINY_CV2, "n_blocks": 2}  # two transformer blocks per U-Net level: their stacking is compared too
 ATOL = RTOL = 1e-5

@@ -16,10 +16,10 @@ from flow_cv3_reference import FlowCV3Reference
 from flow_fixtures import TINY, TINY_FLOW_YAML, official_flow_state
 from x_transformers.x_transformers import RotaryEmbedding, apply_rotary_pos_emb
 
-from specli.acoustic.cfm import NOISE_FRAMES, fixed_noise
-from specli.acoustic.flow import flow_config, load_flow
-from specli.acoustic.flow_cv3 import _apply_rotary, _Rotary
-from specli.engines.targets.hyperpyyaml import read_hyperpyyaml
+from specli.tts.acoustic.cfm import NOISE_FRAMES, fixed_noise
+from specli.tts.acoustic.flow import flow_config, load_flow
+from specli.tts.acoustic.flow_cv3 import _apply_rotary, _Rotary
+from specli.models.cosyvoice.yaml import read_hyperpyyaml
 
 # float32 through 2 tiny DiT blocks x 10 Euler steps x CFG: observed differences are ~1e-6 (summation order of
 # SDPA and convs); 2e-5 leaves room for other thread counts while a layout error shows up as ~1e-1.

@@ -14,9 +14,9 @@ from acoustic_fixtures import official_hift_state, tiny_hift_config, write_hift
 from flow_fixtures import hift_yaml
 from torch import nn
 
-from specli.acoustic.checkpoint import fold_weight_norm
-from specli.acoustic.hift import HiFT, HiFTConfig, load_hift
-from specli.engines.targets.hyperpyyaml import read_hyperpyyaml
+from specli.tts.acoustic.checkpoint import fold_weight_norm
+from specli.tts.acoustic.hift import HiFT, HiFTConfig, load_hift
+from specli.models.cosyvoice.yaml import read_hyperpyyaml
 from specli.errors import ModelLoadError
 
 KINDS = ("cosyvoice2", "cosyvoice3")

@@ -45,7 +45,7 @@ from acoustic_fixtures import official_hift_state, tiny_hift_config
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from specli.acoustic.hift import HiFT, HiFTConfig, load_hift
+from specli.tts.acoustic.hift import HiFT, HiFTConfig, load_hift
 
 NOISE_BLOCK = 24000  # specli draws its source noise in one-second blocks of this many samples
 F0_TOL_CV3_HZ = 1e-9

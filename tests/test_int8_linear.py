@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specli.engines.targets.layers import Int8Linear, int8_linear_reference, quantize_int8
+from specli.models.layers import Int8Linear, int8_linear_reference, quantize_int8
 
 # (out, in): whisper-base / tiny.en head shapes (block, fusion, draft-vocabulary rows), odd sizes
 SHAPES = [(1536, 512), (512, 2048), (512, 1536), (8192, 512), (1152, 384), (40, 64), (37, 21), (16, 8)]
@@ -52,7 +52,7 @@ def test_int8_output_is_close_to_the_float_layer():
 
 @pytest.mark.parametrize("weights,want", [("auto", True), ("int8", True), ("float", False)])
 def test_preset_head_weights_reach_the_drafter(whisper_models, weights, want):
-    from specli.engines.strategies import build_drafter
+    from specli.asr.strategies import build_drafter
     from specli.presets import Preset
 
     preset = Preset("p", "whisper-base", strategy="adaptive", drafter="eagle", head="whisper-base-eagle",

@@ -41,11 +41,11 @@ def _invoke(args):
 
 
 def _no_partial_files(out: Path) -> None:
-    assert not [p for p in out.rglob("*") if p.name.startswith(".") and p.name.endswith(".tmp")]
+    assert not [p for p in out.rglob("*") if p.name.startswith(".") and p.name.endswith((".part", ".tmp"))]
 
 
 def test_synthesize_ctrl_c_reports_what_finished(tmp_path, cv3, monkeypatch):
-    from specli.engines.synthesis import Synthesizer
+    from specli.tts.synthesis import Synthesizer
 
     lines = tmp_path / "lines.txt"
     lines.write_text("one two\nthree four\nfive six\n")

@@ -11,7 +11,7 @@ import soundfile as sf
 from click.testing import CliRunner
 
 from conftest import EN_CLIPS
-from specli.audio import SAMPLE_RATE, load_audio
+from specli.io.audio import SAMPLE_RATE, load_audio
 from specli.cli import main
 
 CYCLES = 3  # every clip three times: 15 utterances, about 71 s of speech ...

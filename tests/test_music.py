@@ -66,7 +66,7 @@ def _sentences(text: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["whisper-tiny.en-eagle-asr", "whisper-eagle-asr"])  # the second is the default
 def test_music_gives_no_repeated_hallucination(music_file, preset):
-    from specli.batch import transcribe
+    from specli.asr.pipeline import transcribe
 
     (outcome,) = list(transcribe([music_file], preset=preset))
     result = outcome.result

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from specli.engines.targets.qwen2 import Qwen2Dims, Qwen2Target, rope_theta
-from specli.engines.tree import tree_inputs
+from specli.models.qwen2 import Qwen2Dims, Qwen2Target, rope_theta
+from specli.core.tree import tree_inputs
 
 TOL = 1e-4
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import EN_CLIPS, ES_CLIPS
-from specli.audio import iter_audio_chunks
-from specli.engines.decoding import DecodingOptions
-from specli.engines.strategies import build_decoder
-from specli.engines.transcription import TranscribeOptions, transcribe_stream
+from specli.io.audio import iter_audio_chunks
+from specli.asr.fallback import DecodingOptions
+from specli.asr.strategies import build_decoder
+from specli.asr.windows import TranscribeOptions, transcribe_stream
 from specli.presets import available_presets, load_preset
 
 SPECULATIVE = [n for n in available_presets() if load_preset(n).strategy != "ar"]
@@ -47,7 +47,7 @@ def test_preset_transcripts_identical_to_ar(whisper_models, name):
 
 def test_bfloat16_greedy_is_deterministic_and_its_own_reference():
     """bf16 is a different numeric model: speculative bf16 must equal AR bf16, run after run."""
-    from specli.engines.targets.loader import load_whisper
+    from specli.models.whisper.loader import load_whisper
 
     model = load_whisper("whisper-tiny.en", "bfloat16")
     decode = build_decoder(load_preset("whisper-tiny.en-pool"), model)

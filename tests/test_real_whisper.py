@@ -7,9 +7,9 @@ import torch
 import transformers
 
 from conftest import EN_CLIPS, ES_CLIPS
-from specli.audio import load_audio, window_features
-from specli.engines.greedy import greedy_decode
-from specli.engines.targets.whisper_rules import WhisperLogitRules
+from specli.io.audio import load_audio, window_features
+from specli.core.greedy import greedy_decode
+from specli.models.whisper.rules import WhisperLogitRules
 
 # How far two correct fp32 implementations may differ. Both compute the same math in float32 but sum in
 # different orders (oneDNN packed kernels vs ATen's, blocked differently per thread count and CPU ISA), so
@@ -88,7 +88,7 @@ def test_greedy_equals_transformers_generate_and_logits_match(whisper_models, na
 
 
 def test_language_detection_and_text(whisper_models):
-    from specli.engines.language import detect_language
+    from specli.asr.language import detect_language
 
     model = whisper_models("whisper-base")
     for clip, lang in ((EN_CLIPS[0], "en"), (ES_CLIPS[0], "es")):

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specli.engines.targets import resolve as resolve_mod
-from specli.engines.targets.ct2 import read_model_bin
-from specli.engines.targets.resolve import (
+from specli.models.whisper import resolve as resolve_mod
+from specli.models.whisper.ct2 import read_model_bin
+from specli.models.whisper.resolve import (
     BUNDLED,
     BUNDLED_MODELS,
     MANIFEST_NAME,
@@ -352,7 +352,7 @@ def test_sharded_safetensors_dir_loads_equal_to_unsharded(tiny_hf_dirs: tuple[Pa
     import torch
     from safetensors.torch import load_file
 
-    from specli.engines.targets.whisper import WhisperTarget
+    from specli.models.whisper.target import WhisperTarget
 
     whole, sharded = tiny_hf_dirs
     index = json.loads((sharded / "model.safetensors.index.json").read_text())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specli.engines.targets.whisper_rules import WhisperLogitRules
+from specli.models.whisper.rules import WhisperLogitRules
 
 EOT, NO_TS, TB, V = 10, 11, 12, 40
 

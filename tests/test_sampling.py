@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from specli.engines.drafters.model import ModelDrafter
-from specli.engines.logits import SamplingParams, filter_logits
-from specli.engines.speculative import SpecOptions, speculative_decode
-from specli.engines.verify import reference
+from specli.asr.drafters.model import ModelDrafter
+from specli.core.logits import SamplingParams, filter_logits
+from specli.core.speculative import SpecOptions, speculative_decode
+from specli.core.verify import reference
 from tiny_models import EOT, NO_TS, SOT, VOCAB, tiny_rules, tiny_target, window
 
 PARAMS = SamplingParams(temperature=0.9, top_k=20, top_p=0.92, repetition_penalty=1.4)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from specli.engines.segments import RawSegment, compression_ratio, split_window, trim_repetition
-from specli.engines.decoding import DecodingOptions
-from specli.engines.transcription import TranscribeOptions
+from specli.asr.segments import RawSegment, compression_ratio, split_window, trim_repetition
+from specli.asr.fallback import DecodingOptions
+from specli.asr.windows import TranscribeOptions
 
 TB = 1000  # synthetic timestamp_begin: ids below are text, ids from here are <|0.00|>, <|0.02|>, ...
 FULL = 3000  # mel frames of a full 30 s window
@@ -169,9 +169,9 @@ def test_real_whisper_loop_is_cut_with_default_vocabulary():
 
 
 def test_audio_after_a_cut_loop_is_still_decoded(whisper_models):
-    from specli.engines.decoding import WindowDecode
-    from specli.engines.transcription import FileStats, _window_segments
-    from specli.engines.types import DecodeResult, DecodeStats
+    from specli.asr.fallback import WindowDecode
+    from specli.asr.windows import FileStats, _window_segments
+    from specli.core.types import DecodeResult, DecodeStats
 
     model = whisper_models("whisper-tiny.en")
     tb, hello, again = model.special.timestamp_begin, model.tokenizer.encode(" Hello."), model.tokenizer.encode(" Again.")
@@ -233,7 +233,7 @@ def nonspeech_files(tmp_path_factory):
     ],
 )
 def test_nonspeech_gives_near_empty_text_and_no_loop(whisper_models, nonspeech_files, model, signal):
-    from specli.batch import transcribe_file
+    from specli.asr.pipeline import transcribe_file
 
     # seeded: the tones window falls back to sampling; unseeded runs gave 1-6+ words from the OS seed
     opts = TranscribeOptions(decoding=DecodingOptions(seed=0))

@@ -1,4 +1,4 @@
-"""Sharding a batch between processes (specli/sharding.py): the split and gather of two real gloo ranks, the
+"""Sharding a batch between processes (specli/io/sharding.py): the split and gather of two real gloo ranks, the
 run manifest's order and totals, and `torchrun --nproc_per_node 2 -m specli transcribe` over real clips:
 every file once, outputs equal to a single process, a killed rank's files finished by a rerun."""
 
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from conftest import EN_CLIPS, SAMPLES
 from specli.cli import main
 from specli.errors import UsageError
-from specli.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, manifest_rows, run_totals
+from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, manifest_rows, run_totals
 
 REPO = SAMPLES.parent
 # --batch-size 1: the ranks batch other files together than one process does, and batched products round

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specli.engines.drafters.model import ModelDrafter, ModelDraftOptions
-from specli.engines.drafters.ngram import NgramDrafter, NgramPool
-from specli.engines.drafters.recycling import RecyclingDrafter
-from specli.engines.greedy import greedy_decode
-from specli.engines.speculative import SpecOptions, speculative_decode
+from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
+from specli.core.drafters.ngram import NgramDrafter, NgramPool
+from specli.core.drafters.recycling import RecyclingDrafter
+from specli.core.greedy import greedy_decode
+from specli.core.speculative import SpecOptions, speculative_decode
 from tiny_models import (EOT, NO_TS, SOT, AlwaysWrongDrafter, NoisyTreeDrafter, RandomTreeDrafter, tiny_rules,
                          tiny_target, window)
 

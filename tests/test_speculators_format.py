@@ -16,14 +16,14 @@ from safetensors.torch import load_file, save_file
 
 from cosyvoice_fixtures import write_checkpoint
 from specli.cli import main
-from specli.engines.drafters.base import DraftRequest
-from specli.engines.drafters.dflash import BlockDrafter, new_dflash
-from specli.engines.drafters.dspark import new_dspark
-from specli.engines.drafters.eagle3 import Eagle3Drafter, new_eagle3
-from specli.engines.drafters.speech_base import attach_aux_layers, load_speech_drafter, target_parts
-from specli.engines.speech_drafting import resolve_drafter_dir
-from specli.engines.targets.cosyvoice import load_cosyvoice
-from specli.engines.targets.cosyvoice_layout import merged_layout, vllm_layout
+from specli.core.drafters.base import DraftRequest
+from specli.core.drafters.llm.dflash import BlockDrafter, new_dflash
+from specli.core.drafters.llm.dspark import new_dspark
+from specli.core.drafters.llm.eagle3 import Eagle3Drafter, new_eagle3
+from specli.core.drafters.llm.base import attach_aux_layers, load_speech_drafter, target_parts
+from specli.tts.drafting import resolve_drafter_dir
+from specli.models.cosyvoice.lm import load_cosyvoice
+from specli.models.cosyvoice.layout import merged_layout, vllm_layout
 from specli.errors import ModelLoadError
 
 

@@ -34,10 +34,10 @@ from specli.distill.speech_train import (
     train_speech,
     validate,
 )
-from specli.engines.drafters.speech_base import load_speech_drafter, target_parts
-from specli.engines.sampling import SamplerOptions
-from specli.engines.synthesis import SynthesisRequest
-from specli.engines.targets.cosyvoice import load_cosyvoice
+from specli.core.drafters.llm.base import load_speech_drafter, target_parts
+from specli.core.sampling import SamplerOptions
+from specli.tts.synthesis import SynthesisRequest
+from specli.models.cosyvoice.lm import load_cosyvoice
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven tiny birds sing near old green trees".split()
 TEXTS = [" ".join(WORDS[i % len(WORDS) : i % len(WORDS) + 3]) for i in range(16)]

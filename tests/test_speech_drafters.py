@@ -20,18 +20,18 @@ import torch
 import test_synthesis_exactness as tse
 from cosyvoice_fixtures import write_checkpoint
 from speech_toy import EOS, NEVER, V, TableTarget
-from specli.engines.drafters.base import DraftRequest
-from specli.engines.drafters.dflash import BlockDrafter, new_dflash
-from specli.engines.drafters.dspark import new_dspark
-from specli.engines.drafters.eagle3 import Eagle3Drafter, new_eagle3
-from specli.engines.drafters.speech_base import TargetParts, attach_aux_layers, target_parts
-from specli.engines.greedy import greedy_decode
-from specli.engines.sampling import SamplerOptions, build_sampler
-from specli.engines.speculative import SpecOptions, speculative_decode
-from specli.engines.speech_drafting import SpeechDraftOptions, wrap
-from specli.engines.targets.cosyvoice import load_cosyvoice
-from specli.engines.types import HiddenStates, ScoreOutput
-from specli.engines.verify import reference
+from specli.core.drafters.base import DraftRequest
+from specli.core.drafters.llm.dflash import BlockDrafter, new_dflash
+from specli.core.drafters.llm.dspark import new_dspark
+from specli.core.drafters.llm.eagle3 import Eagle3Drafter, new_eagle3
+from specli.core.drafters.llm.base import TargetParts, attach_aux_layers, target_parts
+from specli.core.greedy import greedy_decode
+from specli.core.sampling import SamplerOptions, build_sampler
+from specli.core.speculative import SpecOptions, speculative_decode
+from specli.tts.drafting import SpeechDraftOptions, wrap
+from specli.models.cosyvoice.lm import load_cosyvoice
+from specli.core.types import HiddenStates, ScoreOutput
+from specli.core.verify import reference
 
 KINDS = ("dspark", "dflash", "eagle3")
 STRATEGIES = ("chain", "adaptive", "sparse-tree", "recycling")
@@ -254,7 +254,7 @@ def test_drafter_presets():
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_plain_qwen2_target_works_too(kind):
     """Target-neutral: the same drafters over a plain Hugging Face-shaped Qwen2 decoder (token-id inputs)."""
-    from specli.engines.logits import GREEDY
+    from specli.core.logits import GREEDY
     from test_qwen2_target import _tiny
 
     _, target = _tiny(seed=2)

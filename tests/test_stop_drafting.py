@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from specli.engines.batched import RowJob, decode_all
-from specli.engines.drafters.batched import PerRowDrafters
-from specli.engines.drafters.model import ModelDrafter
-from specli.engines.greedy import greedy_decode
-from specli.engines.speculative import PROBE_FORWARDS, SpecOptions, drafting_pays, speculative_decode
-from specli.engines.types import DecodeStats
+from specli.core.batched import RowJob, decode_all
+from specli.core.drafters.batched import PerRowDrafters
+from specli.asr.drafters.model import ModelDrafter
+from specli.core.greedy import greedy_decode
+from specli.core.speculative import PROBE_FORWARDS, SpecOptions, drafting_pays, speculative_decode
+from specli.core.types import DecodeStats
 from specli.errors import PresetError
 from specli.presets import Preset
 from tiny_models import EOT, NO_TS, SOT, AlwaysWrongDrafter, tiny_rules, tiny_target, window

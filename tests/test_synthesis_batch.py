@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from cosyvoice_fixtures import write_checkpoint
 from specli.cli import main
-import specli.engines.speculative as speculative
-from specli.engines.logits import filter_logits
-from specli.engines.sampling import request_generator
-from specli.engines.synthesis import SynthesisInputError, SynthesisRequest, build_synthesizer, prepare
+import specli.core.speculative as speculative
+from specli.core.logits import filter_logits
+from specli.core.sampling import request_generator
+from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, build_synthesizer, prepare
 from specli.presets.synthesis import load_synthesis_preset
 
 TOL = 1e-5  # a decision closer than this to flipping is a near-tie
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from specli.engines.targets.cosyvoice import load_cosyvoice
+    from specli.models.cosyvoice.lm import load_cosyvoice
 
     return load_cosyvoice(str(write_checkpoint(tmp_path_factory.mktemp("cv2") / "ckpt", "cosyvoice2", seed=3)))
 
@@ -212,9 +212,9 @@ def test_model_drafters_batch_with_the_batch_1_tokens(tmp_path, kind):
     """Each row gets its own drafter over the shared module. Greedy and RAS tokens equal batch 1 on this
     fixture (no near-tie check here: these drafters sample their drafts, so a flip could also come from
     the drafter's own states)."""
-    from specli.engines.drafters.speculators_format import save_speculators
-    from specli.engines.drafters.speech_base import target_parts
-    from specli.engines.targets.cosyvoice import load_cosyvoice
+    from specli.core.drafters.llm.speculators import save_speculators
+    from specli.core.drafters.llm.base import target_parts
+    from specli.models.cosyvoice.lm import load_cosyvoice
     from test_speech_drafters import make_module
 
     ckpt = write_checkpoint(tmp_path / "ckpt", "cosyvoice2", seed=3)

@@ -26,14 +26,14 @@ import math
 import pytest
 import torch
 
-from specli.engines.drafters.model import ModelDrafter, ModelDraftOptions
-from specli.engines.drafters.ngram import NgramDrafter, NgramPool
-from specli.engines.drafters.recycling import RecyclingDrafter
-from specli.engines.greedy import greedy_decode
-from specli.engines.logits import filter_logits
-from specli.engines.sampling import SamplerOptions, build_sampler, request_generator
-from specli.engines.speculative import SpecOptions, speculative_decode
-from specli.engines.verify import reference
+from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
+from specli.core.drafters.ngram import NgramDrafter, NgramPool
+from specli.core.drafters.recycling import RecyclingDrafter
+from specli.core.greedy import greedy_decode
+from specli.core.logits import filter_logits
+from specli.core.sampling import SamplerOptions, build_sampler, request_generator
+from specli.core.speculative import SpecOptions, speculative_decode
+from specli.core.verify import reference
 from speech_toy import (
     EOS,
     SOS,

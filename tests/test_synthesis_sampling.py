@@ -1,4 +1,4 @@
-"""Speech samplers (engines/sampling.py): each rule on constructed logits, and RAS's closed form against
+"""Speech samplers (core/sampling.py): each rule on constructed logits, and RAS's closed form against
 a literal transcription of CosyVoice's sampling code run by Monte Carlo.
 
 Monte-Carlo bound: with N draws over outcomes with probabilities P, ``E[TV] <= 1/2 sum sqrt(P(1-P)/N)``
@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from specli.engines.logits import filter_logits
-from specli.engines.sampling import (
+from specli.core.logits import filter_logits
+from specli.core.sampling import (
     RAS_COSYVOICE,
     VLLM_SPEECHSPEC_CV2,
     VLLM_SPEECHSPEC_CV3,

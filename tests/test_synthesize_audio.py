@@ -15,12 +15,12 @@ import torch
 from click.testing import CliRunner
 from flow_fixtures import official_flow_state, write_audio_checkpoint
 
-from specli.acoustic.cfm import drop_silent_runs
-from specli.acoustic.pipeline import Vocalizer
+from specli.tts.acoustic.cfm import drop_silent_runs
+from specli.tts.acoustic.pipeline import Vocalizer
 from specli.cli import main
-from specli.engines.targets.cosyvoice_text import CV3_DEFAULT_PROMPT
+from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT
 from specli.errors import UsageError
-from specli.speech_audio import prepare_voice
+from specli.tts.audio_out import prepare_voice
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import SAMPLES
-from specli.audio import SAMPLE_RATE, load_audio
-import specli.vad as vad_module
+from specli.io.audio import SAMPLE_RATE, load_audio
+import specli.asr.vad as vad_module
 from specli.cli import main
-from specli.engines.alignment import Word
-from specli.engines.transcription import Segment, TranscribeOptions, transcribe_stream
+from specli.asr.alignment import Word
+from specli.asr.windows import Segment, TranscribeOptions, transcribe_stream
 from specli.errors import ModelLoadError
-from specli.vad import (FRAME_SAMPLES, SileroVad, TimeMap, VadOptions, load_vad, remap_segment,
+from specli.asr.vad import (FRAME_SAMPLES, SileroVad, TimeMap, VadOptions, load_vad, remap_segment,
                         speech_timestamps, timestamps_from_probabilities, transcribe_speech)
 
 CLIP = SAMPLES / "en" / "sense_and_sensibility_01_austen_64kb-0870.wav"  # 7.1 s, speech throughout
@@ -378,7 +378,7 @@ def test_subprocess_vad_quiet_and_without_silero_module(padded_wavs, tmp_path):
     h, m, sec, ms = map(int, first.groups())
     assert abs(h * 3600 + m * 60 + sec + ms / 1000 - LEAD) < 0.5 and "dashwood" in srt.lower()
     # the model runs on onnxruntime alone: silero_vad's Python module (which imports torch) is never imported
-    check = ("import sys, numpy as np; from specli.vad import load_vad; "
+    check = ("import sys, numpy as np; from specli.asr.vad import load_vad; "
              "p = load_vad().probabilities(np.zeros(16000, np.float32)); "
              "assert 'silero_vad' not in sys.modules and p.shape == (32,)")
     proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)

@@ -9,15 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specli.engines.drafters.model import ModelDrafter, ModelDraftOptions
-from specli.engines.logits import SamplingParams
-from specli.engines.speculative import SpecOptions, speculative_decode
-from specli.engines.tree import is_chain
-from specli.engines.verify import verify
+from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
+from specli.core.logits import SamplingParams
+from specli.core.speculative import SpecOptions, speculative_decode
+from specli.core.tree import is_chain
+from specli.core.verify import verify
 from tiny_models import (EOT, NO_TS, SOT, NoisyTreeDrafter, RandomTreeDrafter, count_kernel_calls, random_verify_case,
                          tiny_rules, tiny_target, window)
 
-kernels = pytest.importorskip("specli.engines.verify.triton_kernels", reason="triton is not installed")
+kernels = pytest.importorskip("specli.core.verify.triton_kernels", reason="triton is not installed")
 
 TARGET = tiny_target(0)
 OTHER = tiny_target(1, layers=1)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specli.engines.verify import reference
+from specli.core.verify import reference
 
-kernels = pytest.importorskip("specli.engines.verify.triton_kernels", reason="triton is not installed")
+kernels = pytest.importorskip("specli.core.verify.triton_kernels", reason="triton is not installed")
 
 
 def _chain_case(g, b, k, v, cut):

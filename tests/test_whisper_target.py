@@ -8,7 +8,7 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specli.engines.targets.whisper import WhisperDims, WhisperTarget
+from specli.models.whisper.target import WhisperDims, WhisperTarget
 
 VOCAB = 97
 

@@ -18,14 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import EN_CLIPS
-from specli.audio import SAMPLE_RATE, iter_audio_chunks, load_audio
+from specli.io.audio import SAMPLE_RATE, iter_audio_chunks, load_audio
 from specli.cli import main
-from specli.engines.alignment import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, Word, _Timing, dtw,
+from specli.asr.alignment import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, Word, _Timing, dtw,
                                       merge_punctuations, median_filter, split_to_word_tokens, word_seek)
-from specli.engines.decoding import DecodingOptions
-from specli.engines.targets.whisper import WhisperDims, WhisperTarget, default_alignment_heads
-from specli.engines.transcription import FileResult, FileStats, Segment, TranscribeOptions, transcribe_stream
-from specli.writers import SubtitleOptions, result_record, to_srt, to_vtt
+from specli.asr.fallback import DecodingOptions
+from specli.models.whisper.target import WhisperDims, WhisperTarget, default_alignment_heads
+from specli.asr.windows import FileResult, FileStats, Segment, TranscribeOptions, transcribe_stream
+from specli.asr.writers import SubtitleOptions, result_record, to_srt, to_vtt
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -239,7 +239,7 @@ def test_word_times_agree_with_faster_whisper(whisper_models):
 
 @pytest.mark.slow
 def test_words_do_not_depend_on_the_decoding_preset():
-    from specli.engines.strategies import load_engine
+    from specli.asr.strategies import load_engine
     from specli.presets import DEFAULT_PRESET, load_preset
 
     engine = load_engine(load_preset(DEFAULT_PRESET))  # whisper-base + EAGLE head, speculative

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 import transformers
 
-from specli.engines.drafters.base import DraftProposal, DraftRequest
-from specli.engines.targets.whisper import DecoderState, WhisperDims, WhisperTarget
-from specli.engines.targets.whisper_rules import WhisperLogitRules
-from specli.engines.tree import chain_parents
+from specli.core.drafters.base import DraftProposal, DraftRequest
+from specli.models.whisper.target import DecoderState, WhisperDims, WhisperTarget
+from specli.models.whisper.rules import WhisperLogitRules
+from specli.core.tree import chain_parents
 
 VOCAB = 48
 EOT, SOT, NO_TS, TB = 2, 3, 4, 36  # ids of the control tokens; 36.. are timestamps

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specli.engines.targets.loader import WhisperModel
-from specli.engines.transcription import Task
-from specli.engines.targets.resolve import BUNDLED, cache_root, find_package_dir, is_ct2_dir
+from specli.models.whisper.loader import WhisperModel
+from specli.asr.windows import Task
+from specli.models.whisper.resolve import BUNDLED, cache_root, find_package_dir, is_ct2_dir
 from specli.errors import SpecliError
 
 PEERS = ("hf", "faster-whisper", "faster-whisper-batched")

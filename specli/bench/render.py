@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from specli.writers import write_atomic
+from specli.io.atomic import write_atomic
 
 
 def fmt(value: object, digits: int = 2) -> str:

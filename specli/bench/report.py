@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
 from specli.bench.wer import error_counts, normalize
-from specli.engines.types import DecodeStats
+from specli.core.types import DecodeStats
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specli.bench.report import Run, Skip, SystemInfo
-from specli.writers import write_atomic
+from specli.io.atomic import write_atomic
 
 FORMAT = 1  # version of the header / record layout
 

@@ -17,18 +17,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specli.audio import SAMPLE_RATE, load_audio
-from specli.batch import discover
+from specli.io.audio import SAMPLE_RATE, load_audio
+from specli.asr.pipeline import discover
 from specli.bench import wer
 from specli.bench.peers import MAX_SHORT_FORM_SECONDS, BenchError, Peer, PeerCannot, make_peer, parse_peer
 from specli.bench.references import load_references
 from specli.bench.report import Bins, Run, Skip, SystemInfo, build_report
 from specli.bench.runlog import RunLog, read_runlog
-from specli.engines.decoding import DecodingOptions
-from specli.engines.device import dtype_name
-from specli.engines.strategies import build_decoder
-from specli.engines.targets.loader import WhisperModel, load_whisper
-from specli.engines.transcription import Task, TranscribeOptions, transcribe_stream
+from specli.asr.fallback import DecodingOptions
+from specli.core.device import dtype_name
+from specli.asr.strategies import build_decoder
+from specli.models.whisper.loader import WhisperModel, load_whisper
+from specli.asr.windows import Task, TranscribeOptions, transcribe_stream
 from specli.errors import AudioError
 from specli.presets import Preset, load_preset
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specli.bench.report import Run, SystemInfo, acceptance_stats, aggregate, speedups
-from specli.engines.synthesis import SynthesisInputError, Synthesizer, build_synthesizer
-from specli.engines.targets.cosyvoice import CosyVoiceModel, load_cosyvoice
+from specli.tts.synthesis import SynthesisInputError, Synthesizer, build_synthesizer
+from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
 from specli.presets.synthesis import SynthesisPreset, load_synthesis_preset
-from specli.speech_batch import read_items
+from specli.tts.pipeline import read_items
 
 
 @dataclass(frozen=True)

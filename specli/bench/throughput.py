@@ -1,7 +1,7 @@
 """``specli bench --batch-sizes``: throughput of whole-archive transcription at several batch sizes.
 
 Each system transcribes the whole clip set in one call per pass, as a user transcribes an archive:
-presets through :func:`specli.batch.transcribe` (reading the files, ``batch_size`` windows decoded
+presets through :func:`specli.asr.pipeline.transcribe` (reading the files, ``batch_size`` windows decoded
 together), peers through ``transcribe_many`` (files read with the same loader inside the timed region).
 Throughput = total audio seconds / wall seconds of that call. A preset and ``faster-whisper-batched``
 run at every batch size (a preset whose decoding cannot run batched only at 1; the report says why);
@@ -20,16 +20,16 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specli.audio import load_audio
-from specli.batch import batch_size_for, transcribe
+from specli.io.audio import load_audio
+from specli.asr.pipeline import batch_size_for, transcribe
 from specli.bench.peers import BenchError
 from specli.bench.render import fmt, machine_lines, table, times
 from specli.bench.runner import (BenchOptions, Clip, PeerSystem, PresetSystem, build_systems, load_clips,
                                  machine_info, read_loadavg, require_scoring)
 from specli.bench.references import load_references
 from specli.bench.wer import error_counts, normalize
-from specli.engines.strategies import Engine
-from specli.writers import write_atomic
+from specli.asr.strategies import Engine
+from specli.io.atomic import write_atomic
 
 Progress = Callable[[str], None]
 System = PresetSystem | PeerSystem
@@ -94,7 +94,7 @@ def plan(systems: Sequence[System], baseline: str,
     """Batch sizes each system runs at, and the (system, batch size) pairs left out with the reason.
 
     Presets and batched peers run at every size (the baseline at 1 too); sequential peers at 1 only; a
-    preset whose decoding cannot run batched (:func:`specli.batch.batch_size_for`) only at 1.
+    preset whose decoding cannot run batched (:func:`specli.asr.pipeline.batch_size_for`) only at 1.
     """
     sizes: dict[str, list[int]] = {}
     left_out: list[dict] = []

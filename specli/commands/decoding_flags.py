@@ -1,11 +1,11 @@
 """The decoding flags of ``transcribe`` / ``translate`` (openai-whisper / faster-whisper names) and
-the :class:`~specli.engines.decoding.DecodingOptions` they build."""
+the :class:`~specli.asr.fallback.DecodingOptions` they build."""
 
 from __future__ import annotations
 
 import click
 
-from specli.engines.decoding import DecodingOptions
+from specli.asr.fallback import DecodingOptions
 from specli.errors import UsageError
 
 

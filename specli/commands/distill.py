@@ -22,7 +22,7 @@ def distill() -> None:
 
 
 def _load_target(preset_name: str, dtype: str | None = None):
-    from specli.engines.targets.loader import load_whisper
+    from specli.models.whisper.loader import load_whisper
     from specli.presets import load_preset
 
     preset = load_preset(preset_name)
@@ -67,10 +67,10 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size
         return
     if not inputs:
         raise click.UsageError("give audio files or directories")
-    from specli.batch import discover
+    from specli.asr.pipeline import discover
     from specli.distill.data import generate
-    from specli.engines.language import check_model_name, check_model_support, normalize_language
-    from specli.engines.transcription import TranscribeOptions
+    from specli.asr.language import check_model_name, check_model_support, normalize_language
+    from specli.asr.windows import TranscribeOptions
     from specli.presets import load_preset
 
     language = normalize_language(language)
@@ -178,7 +178,7 @@ def evaluate(val_dirs, preset_name, head, windows, max_draft, dtype) -> None:
     decode itself is lossless)."""
     from specli.distill.data import load_windows
     from specli.distill.train import validate
-    from specli.engines.drafters.eagle import load_head
+    from specli.asr.drafters.eagle import load_head
     from specli.presets import load_preset
 
     head = head or load_preset(preset_name).head

@@ -23,9 +23,9 @@ def is_speech_preset(name: str) -> bool:
 
 def load_speech_target(preset_name: str, model: str | None = None, sampler: str | None = None):
     """The preset's CosyVoice LM (or ``model``) and its deployment sampler settings."""
-    from specli.engines.device import resolve_device
-    from specli.engines.synthesis import build_synthesizer
-    from specli.engines.targets.cosyvoice import load_cosyvoice
+    from specli.core.device import resolve_device
+    from specli.tts.synthesis import build_synthesizer
+    from specli.models.cosyvoice.lm import load_cosyvoice
     from specli.presets.synthesis import load_synthesis_preset
 
     preset = load_synthesis_preset(preset_name)
@@ -41,7 +41,7 @@ def run_speech_data(inputs, texts, preset_name: str, out: Path, model: str | Non
                     aux_layers: str | None, per_shard: int, quiet: bool) -> None:
     """Regenerate on-policy labels for the utterances of INPUTS / --text and write shards to ``out``."""
     from specli.distill.speech_data import SpeechDataOptions, generate_speech
-    from specli.speech_batch import read_items
+    from specli.tts.pipeline import read_items
 
     items = read_items(inputs, texts, sys.stdin.buffer if "-" in inputs else None)
     for it in items:

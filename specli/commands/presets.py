@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from specli.engines.targets.resolve import BUNDLED_MODELS
+from specli.models.whisper.resolve import BUNDLED_MODELS
 from specli.presets import available_presets, load_preset
 
 

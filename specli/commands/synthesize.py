@@ -12,12 +12,12 @@ import torch
 
 from specli.commands.interrupt import report_interrupt
 from specli.commands.synthesize_audio import OutcomeTally, run_audio
-from specli.engines.synthesis import load_synthesizer
+from specli.tts.synthesis import load_synthesizer
 from specli.errors import PresetError
 from specli.presets.synthesis import load_synthesis_preset
-from specli.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
-from specli.speech_audio import AudioOptions, AudioOutcome, audio_path, audio_record
-from specli.speech_batch import SpeechOutcome, read_items, result_record, run_synthesis, tokens_path
+from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
+from specli.tts.audio_out import AudioOptions, AudioOutcome, audio_path, audio_record
+from specli.tts.pipeline import SpeechOutcome, read_items, result_record, run_synthesis, tokens_path
 
 
 def _default_preset(model: str | None) -> str:
@@ -107,7 +107,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
 
 
 def _row(out: SpeechOutcome | AudioOutcome, fmt: str, output_dir: Path, with_record: bool) -> dict:
-    """The run-manifest row of one input line (``specli.sharding``); its JSON record too when ``with_record``."""
+    """The run-manifest row of one input line (``specli.io.sharding``); its JSON record too when ``with_record``."""
     status = "failed" if out.error else "skipped" if out.skipped else "ok"
     path = tokens_path(output_dir, out.id) if fmt == "npy" else audio_path(output_dir, out.id, fmt)
     row = {"input": out.where, "id": out.id, "status": status, "outputs": [] if out.error else [str(path)],

@@ -1,4 +1,4 @@
-"""The audio half of ``specli synthesize`` (``--format wav|flac``): CLI glue over :mod:`specli.speech_audio`."""
+"""The audio half of ``specli synthesize`` (``--format wav|flac``): CLI glue over :mod:`specli.tts.audio_out`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from specli.acoustic.pipeline import Vocalizer
-from specli.engines.synthesis import Synthesizer
-from specli.speech_audio import AudioOptions, AudioOutcome, audio_record, prepare_voice, run_audio_synthesis
-from specli.speech_batch import SpeechItem, SpeechOutcome
+from specli.tts.acoustic.pipeline import Vocalizer
+from specli.tts.synthesis import Synthesizer
+from specli.tts.audio_out import AudioOptions, AudioOutcome, audio_record, prepare_voice, run_audio_synthesis
+from specli.tts.pipeline import SpeechItem, SpeechOutcome
 
 
 class OutcomeTally:

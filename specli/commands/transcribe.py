@@ -17,20 +17,20 @@ from pathlib import Path
 import click
 import torch
 
-from specli.audio import audio_duration
-from specli.batch import DEFAULT_BATCH_SIZE, batch_size_for, discover, plan_outputs, run_batch, text_settings
+from specli.io.audio import audio_duration
+from specli.asr.pipeline import DEFAULT_BATCH_SIZE, batch_size_for, discover, plan_outputs, run_batch, text_settings
 from specli.commands.decoding_flags import DECODING_FLAGS, decoding_options
 from specli.commands.interrupt import EXIT_INTERRUPTED
-from specli.engines.language import check_model_name, check_model_support, normalize_language
-from specli.engines.strategies import Engine, load_engine
-from specli.engines.transcription import TranscribeOptions
+from specli.asr.language import check_model_name, check_model_support, normalize_language
+from specli.asr.strategies import Engine, load_engine
+from specli.asr.windows import TranscribeOptions
 from specli.errors import AudioError
 from specli.presets import DEFAULT_PRESET, Preset, load_preset
-from specli.progress import BatchProgress, RunSummary
-from specli.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
-from specli.vad import VadOptions, load_vad
-from specli.engines.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
-from specli.writers import FORMATS, SubtitleOptions
+from specli.commands.progress import BatchProgress, RunSummary
+from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
+from specli.asr.vad import VadOptions, load_vad
+from specli.asr.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
+from specli.asr.writers import FORMATS, SubtitleOptions
 
 
 # the one option list of both commands (decorators, in --help order)
@@ -223,7 +223,7 @@ def _run(task: str, kw: dict) -> None:
 
 
 def _shard(kw: dict, bad: list, items: list) -> tuple[ShardedRun, list, list]:
-    """Join a torchrun / accelerate launch (``specli.sharding``) and keep this rank's share of the inputs
+    """Join a torchrun / accelerate launch (``specli.io.sharding``) and keep this rank's share of the inputs
     (without a launcher, every input); only rank 0 draws a progress bar."""
     run = ShardedRun.start([str(x.path) for x in [*bad, *items]], kw["run_manifest"], kw["output_dir"])
     if run.shard.rank != 0:
@@ -233,7 +233,7 @@ def _shard(kw: dict, bad: list, items: list) -> tuple[ShardedRun, list, list]:
 
 
 def _row(outcome, with_record: bool) -> dict:
-    """The run-manifest row of one outcome (``specli.sharding``); its JSON record too when ``with_record``."""
+    """The run-manifest row of one outcome (``specli.io.sharding``); its JSON record too when ``with_record``."""
     status = "failed" if outcome.error else "skipped" if outcome.skipped else "ok"
     row = {"input": str(outcome.path), "status": status, "outputs": [str(o) for o in outcome.outputs],
            "error": outcome.error, "audio_seconds": outcome.result.stats.audio_seconds if outcome.result else 0.0}

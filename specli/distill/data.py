@@ -29,12 +29,12 @@ from pathlib import Path
 
 import torch
 
-from specli.audio import iter_audio_chunks
-from specli.engines.drafters.eagle import target_fingerprint
-from specli.engines.decoding import AR, WindowDecode
-from specli.engines.targets.loader import WhisperModel
-from specli.engines.scheduler import transcribe_batched
-from specli.engines.transcription import TranscribeOptions, WindowObserver, transcribe_steps, transcribe_stream
+from specli.io.audio import iter_audio_chunks
+from specli.asr.drafters.eagle import target_fingerprint
+from specli.asr.fallback import AR, WindowDecode
+from specli.models.whisper.loader import WhisperModel
+from specli.asr.scheduler import transcribe_batched
+from specli.asr.windows import TranscribeOptions, WindowObserver, transcribe_steps, transcribe_stream
 from specli.errors import SpecliError
 
 MANIFEST = "manifest.json"

@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 
 from specli.distill.data import add_shard, open_manifest
-from specli.engines.drafters.speech_base import KINDS, default_aux_layers, target_layer_ids
-from specli.engines.sampling import SamplerOptions
-from specli.engines.synthesis import SynthesisInputError, SynthesisOptions, SynthesisRequest, Synthesizer, prepare
-from specli.engines.targets.cosyvoice import CosyVoiceModel
+from specli.core.drafters.llm.base import KINDS, default_aux_layers, target_layer_ids
+from specli.core.sampling import SamplerOptions
+from specli.tts.synthesis import SynthesisInputError, SynthesisOptions, SynthesisRequest, Synthesizer, prepare
+from specli.models.cosyvoice.lm import CosyVoiceModel
 from specli.errors import SpecliError
 
 Progress = Callable[[str, int, int], None]  # (message, requests done, requests total)

@@ -2,7 +2,7 @@
 
 Each step takes ``batch`` on-policy sequences (:mod:`specli.distill.speech_data`), the drafter's
 auxiliary layers gathered from the stored ones, and runs the drafter's teacher-forced
-:meth:`~specli.engines.drafters.speech_base.SpeechDraftModule.forward_train`. The target's
+:meth:`~specli.core.drafters.llm.base.SpeechDraftModule.forward_train`. The target's
 distribution for the token at position ``t`` is ``head(last[t - 1])`` (the target's own head, its
 bias included: CosyVoice2's ``llm_decoder`` has one, which the published recipes dropped); only
 generated positions (eos included) are trained on. Published recipes (SpeechSpec / speculators):
@@ -18,7 +18,7 @@ data, plus every stop id (capped at the target's vocabulary: the whole vocabular
 Checkpoints (module, config, optimizer, position) go to ``OUT/checkpoints`` every
 ``checkpoint_every`` steps and at the end of each epoch; a rerun resumes from the latest. With
 validation sequences, acceptance (tokens per target forward, bonus included) is measured by real
-:func:`~specli.engines.speculative.speculative_decode` with the drafter at the data's deployment
+:func:`~specli.core.speculative.speculative_decode` with the drafter at the data's deployment
 sampler, and the drafter saved in ``OUT`` (speculators format) is the best validated one.
 """
 
@@ -37,15 +37,15 @@ import torch.nn.functional as F
 from specli.distill import losses
 from specli.distill.train import (TrainSummary, _latest_checkpoint, checkpoint_position, epoch_batches, learning_rate,
                                   write_checkpoint)
-from specli.engines.drafters.dflash import BlockDrafter, DFlashModule, new_dflash
-from specli.engines.drafters.dspark import DSparkModule, new_dspark
-from specli.engines.drafters.eagle import draft_vocabulary
-from specli.engines.drafters.eagle3 import Eagle3Drafter, Eagle3Module, new_eagle3
-from specli.engines.drafters.speech_base import SpeechDraftConfig, SpeechDraftModule, TargetParts, target_parts
-from specli.engines.sampling import SamplerOptions, build_sampler, request_generator
-from specli.engines.speculative import SpecOptions, speculative_decode
-from specli.engines.targets.cosyvoice import CosyVoiceModel
-from specli.engines.types import DecodeStats, accumulate
+from specli.core.drafters.llm.dflash import BlockDrafter, DFlashModule, new_dflash
+from specli.core.drafters.llm.dspark import DSparkModule, new_dspark
+from specli.asr.drafters.eagle import draft_vocabulary
+from specli.core.drafters.llm.eagle3 import Eagle3Drafter, Eagle3Module, new_eagle3
+from specli.core.drafters.llm.base import SpeechDraftConfig, SpeechDraftModule, TargetParts, target_parts
+from specli.core.sampling import SamplerOptions, build_sampler, request_generator
+from specli.core.speculative import SpecOptions, speculative_decode
+from specli.models.cosyvoice.lm import CosyVoiceModel
+from specli.core.types import DecodeStats, accumulate
 from specli.errors import SpecliError
 
 Progress = Callable[[str], None]

@@ -12,7 +12,7 @@ Checkpoints (head + optimizer + position) are written every ``checkpoint_every``
 ``OUT`` is the one with the best validation acceptance so far (early stopping on a small data set).
 Validation acceptance length (tau, tokens per target forward, bonus included) is measured every
 ``val_every`` epochs by running the real
-:func:`~specli.engines.speculative.speculative_decode` with an :class:`EagleDrafter` (greedy, chain)
+:func:`~specli.core.speculative.speculative_decode` with an :class:`EagleDrafter` (greedy, chain)
 against the target on held-out windows; its output is checked against the recorded greedy tokens.
 """
 
@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specli.engines.drafters.eagle import EagleDrafter, SpeechDraftHead, draft_vocabulary, load_head, save_head
-from specli.engines.speculative import SpecOptions, speculative_decode
-from specli.engines.targets.loader import WhisperModel
-from specli.engines.targets.whisper_rules import WhisperLogitRules
-from specli.engines.types import DecodeStats, accumulate
+from specli.asr.drafters.eagle import EagleDrafter, SpeechDraftHead, draft_vocabulary, load_head, save_head
+from specli.core.speculative import SpecOptions, speculative_decode
+from specli.models.whisper.loader import WhisperModel
+from specli.models.whisper.rules import WhisperLogitRules
+from specli.core.types import DecodeStats, accumulate
 
 Progress = Callable[[str], None]
 

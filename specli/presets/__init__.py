@@ -13,13 +13,13 @@ from specli.errors import PresetError
 
 P = TypeVar("P")  # a preset dataclass (Preset or SynthesisPreset)
 
-# what `transcribe` / `translate` and `specli.batch.transcribe` use unless told otherwise: whisper-base with
+# what `transcribe` / `translate` and `specli.asr.pipeline.transcribe` use unless told otherwise: whisper-base with
 # the shipped EAGLE-ASR head (lossless: the same text as whisper-base-ar, faster on held-out speech)
 DEFAULT_PRESET = "whisper-eagle-asr"
 
 Strategy = Literal["ar", "chain", "adaptive", "recycling", "sparse-tree", "dynamic-tree"]
 DrafterKind = Literal["none", "pool", "model", "cross-tokenizer", "eagle"]
-DType = Literal["auto", "float32", "bfloat16", "float16"]  # auto: engines.device.auto_dtype (bf16 on native-bf16 CPUs)
+DType = Literal["auto", "float32", "bfloat16", "float16"]  # auto: core.device.auto_dtype (bf16 on native-bf16 CPUs)
 HeadWeights = Literal["auto", "int8", "float"]  # auto: int8 on the CPU, float elsewhere
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 

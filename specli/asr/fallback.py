@@ -1,0 +1,281 @@
+"""Whisper's decoding options and temperature fallback, for plain and speculative decoding alike.
+
+One window is decoded at the first temperature of :attr:`DecodingOptions.temperatures`; when the
+result looks like a failure (too repetitive: compression ratio above the threshold; too unsure:
+average log-probability below the threshold) and the window is not silence, it is decoded again
+at the next temperature, as openai-whisper's ``decode_with_fallback`` does. At temperature 0 a
+window is decoded greedily (speculatively when the preset has a drafter: identical tokens) or by
+plain beam search; above 0, ``best_of`` samples are drawn (speculatively with rejection sampling,
+which keeps the target's distribution) and the best by length-normalised log-probability is kept.
+specli adds one rule (``fallback_silence``, on by default): a window the model thinks silent whose
+first decode failed is skipped at once, instead of keeping a sample drawn over silence (music).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, replace
+
+import torch
+
+from specli.core.beam import beam_decode
+from specli.core.drafters.base import Drafter
+from specli.core.greedy import greedy_decode
+from specli.core.logits import GREEDY, SamplingParams
+from specli.asr.segments import compression_ratio
+from specli.core.speculative import SpecOptions, speculative_decode
+from specli.core.types import DecodeResult, DecodeStats, LogitRules, Target, TargetState, accumulate
+from specli.errors import UsageError
+
+WHISPER_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # openai-whisper's fallback schedule
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How each 30-s window is decoded (openai-whisper / faster-whisper options); validated."""
+
+    temperatures: tuple[float, ...] = WHISPER_TEMPERATURES  # tried in order while a decode fails
+    best_of: int = 5  # samples drawn at a temperature > 0; the most likely one is kept
+    beam_size: int | None = None  # plain beam search at temperature 0 (None: greedy / speculative)
+    patience: float | None = None  # beam search: stop after beam_size * patience finished (None: 1.0)
+    length_penalty: float | None = None  # ranking: None divides by length, else ((5 + n) / 6) ** alpha
+    compression_ratio_threshold: float | None = 2.4  # above: too repetitive, fall back (None: never)
+    logprob_threshold: float | None = -1.0  # average log-prob below: fall back (None: never)
+    no_speech_threshold: float | None = 0.6  # <|nospeech|> prob above: silence, no fallback (None: off)
+    fallback_silence: bool = True  # a likely-silent window whose first decode failed is skipped (specli)
+    condition_on_previous_text: bool = True  # prompt each window with the previous windows' text
+    prompt_reset_on_temperature: float = 0.5  # a window decoded above this does not prompt the next
+    initial_prompt: str | None = None  # text put before the first window (<|startofprev|> + text)
+    hotwords: str | None = None  # text put before every window's previous text (faster-whisper)
+    suppress_tokens: tuple[int, ...] = (-1,)  # ids never emitted; -1 = the model's non-speech set
+    seed: int | None = None  # seed of the file's random generator (sampling); None: random
+
+    def __post_init__(self) -> None:
+        if not self.temperatures or any(not 0.0 <= t <= 10.0 or math.isnan(t) for t in self.temperatures):
+            raise UsageError("temperatures must be a non-empty list of values within 0..10")
+        if self.best_of < 1:
+            raise UsageError("best_of must be >= 1")
+        if self.beam_size is not None and not 1 <= self.beam_size <= 64:
+            raise UsageError("beam_size must be within 1..64")
+        if self.patience is not None and (self.patience <= 0 or self.beam_size is None):
+            raise UsageError("patience must be > 0 and needs a beam size")
+        if self.length_penalty is not None and not 0.0 <= self.length_penalty <= 1.0:
+            raise UsageError("length_penalty must be within 0..1")
+        if self.no_speech_threshold is not None and not 0.0 <= self.no_speech_threshold <= 1.0:
+            raise UsageError("no_speech_threshold must be within 0..1")
+        if any(t < -1 for t in self.suppress_tokens):
+            raise UsageError("suppress_tokens are token ids (>= 0) or -1")
+
+    def at(self, temperature: float) -> DecodingOptions:
+        """These options for one attempt at ``temperature``."""
+        return replace(self, temperatures=(temperature,))
+
+    @property
+    def temperature(self) -> float:
+        """The temperature of a one-attempt options object (the first one otherwise)."""
+        return self.temperatures[0]
+
+
+def suppress_ids(options: DecodingOptions, default: tuple[int, ...], always: tuple[int, ...]) -> tuple[int, ...]:
+    """Ids the logit rules mask: the user's ids, the model's ``default`` set where -1 is given, and
+    the control tokens openai-whisper always suppresses (``always``: task, sot, sot_prev, no-speech)."""
+    ids = {t for t in options.suppress_tokens if t >= 0} | set(always)
+    if -1 in options.suppress_tokens:
+        ids |= set(default)
+    return tuple(sorted(ids))
+
+
+@dataclass(frozen=True)
+class DecodeMethod:
+    """How a window is decoded at each temperature: plain autoregressive, or speculative."""
+
+    drafter: Drafter | None = None  # None: plain autoregressive decoding
+    spec: SpecOptions = SpecOptions()  # speculation settings (sampling and seed are set per attempt)
+
+
+AR = DecodeMethod()
+
+
+@dataclass(frozen=True)
+class WindowDecode:
+    """The decode kept for one window, with the quantities the fallback rule judged."""
+
+    result: DecodeResult
+    temperature: float  # temperature of the kept decode
+    avg_logprob: float  # sum_logprob / (tokens + 1), eot counted
+    compression_ratio: float  # of the kept text
+    attempts: int  # temperatures tried (1 = no fallback)
+    stats: DecodeStats  # work of every decode run for this window
+    first_failed: bool = False  # the first decode failed the fallback test (retried, or skipped as silence)
+
+
+def avg_logprob(result: DecodeResult) -> float:
+    """openai-whisper's average log-probability: the eot token counts in the length."""
+    return result.sum_logprob / (len(result.tokens) + 1)
+
+
+def needs_fallback(ratio: float, avg_lp: float, no_speech_prob: float, options: DecodingOptions) -> bool:
+    """openai-whisper's ``decode_with_fallback`` test (since Nov 2024, as faster-whisper): decode again at
+    the next temperature? A window is silence (no fallback) only when it is also unsure: a confident
+    loop over likely silence (music) is retried."""
+    fallback = False
+    if options.compression_ratio_threshold is not None and ratio > options.compression_ratio_threshold:
+        fallback = True  # too repetitive
+    if options.logprob_threshold is not None and avg_lp < options.logprob_threshold:
+        fallback = True  # average log-probability too low
+    if (likely_silent(no_speech_prob, options)
+            and options.logprob_threshold is not None and avg_lp < options.logprob_threshold):
+        fallback = False  # silence
+    return fallback
+
+
+def is_silent(no_speech_prob: float, avg_lp: float, options: DecodingOptions) -> bool:
+    """openai-whisper's no-speech skip: a likely-silent window is skipped unless its text is confident."""
+    if options.no_speech_threshold is None or no_speech_prob <= options.no_speech_threshold:
+        return False
+    return options.logprob_threshold is None or avg_lp <= options.logprob_threshold
+
+
+def should_skip(no_speech_prob: float, avg_lp: float, fell_back: bool, options: DecodingOptions) -> bool:
+    """Drop the window as silence? Whisper's no-speech skip (:func:`is_silent`) and, with
+    ``fallback_silence``, a window the model thinks silent (no-speech prob above the threshold) whose
+    first decode failed the fallback test: what is left is a sample drawn over likely silence, the
+    source of repeated hallucinations on music (Whisper would keep it)."""
+    if is_silent(no_speech_prob, avg_lp, options):
+        return True
+    return options.fallback_silence and fell_back and likely_silent(no_speech_prob, options)
+
+
+def likely_silent(no_speech_prob: float, options: DecodingOptions) -> bool:
+    """The model's <|nospeech|> probability is above the threshold."""
+    return options.no_speech_threshold is not None and no_speech_prob > options.no_speech_threshold
+
+
+def rank_score(result: DecodeResult, length_penalty: float | None) -> float:
+    """openai-whisper's ``MaximumLikelihoodRanker`` score: sum log-prob over a length penalty."""
+    n = len(result.tokens)
+    penalty = n if length_penalty is None else ((5 + n) / 6) ** length_penalty
+    return result.sum_logprob / penalty if penalty else result.sum_logprob
+
+
+def decode_attempt(
+    target: Target,
+    state: TargetState,
+    prompt: list[int],
+    rules: LogitRules,
+    eot: int,
+    max_new_tokens: int,
+    no_speech: int | None,
+    sot_index: int,
+    *,
+    options: DecodingOptions,
+    method: DecodeMethod = AR,
+    generator: torch.Generator | None = None,
+) -> tuple[DecodeResult, DecodeStats]:
+    """Decode one window at ``options.temperature``: greedy / speculative / beam at 0, the best of
+    ``best_of`` samples above 0. Returns the kept result and the work of every decode run."""
+    t = options.temperature
+    args = (target, state, prompt, rules, eot, max_new_tokens, no_speech, sot_index)
+    stats = DecodeStats()
+    if t == 0.0 and options.beam_size is not None and options.beam_size > 1:
+        state.cache.crop(0)
+        res = beam_decode(*args, beam_size=options.beam_size, patience=options.patience,
+                          length_penalty=options.length_penalty)
+        accumulate(stats, res.stats)
+        return res, stats
+    sampling = GREEDY if t == 0.0 else SamplingParams(temperature=t)
+    best: DecodeResult | None = None
+    for _ in range(1 if t == 0.0 else options.best_of):
+        state.cache.crop(0)
+        if method.drafter is None:
+            res = greedy_decode(*args, sampling=sampling, generator=generator)
+        else:
+            spec = replace(method.spec, sampling=sampling, seed=None)
+            res = speculative_decode(*args, drafter=method.drafter, options=spec, generator=generator)
+        accumulate(stats, res.stats)
+        if best is None or rank_score(res, options.length_penalty) > rank_score(best, options.length_penalty):
+            best = res
+    return best, stats
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One decode of a window at one temperature, asked for by :func:`fallback_steps`; the driver
+    answers with ``(DecodeResult, DecodeStats)`` (:func:`decode_attempt` on the window's state, or a
+    batched decoder for a plain greedy attempt)."""
+
+    prompt: list[int]  # prompt tokens (the decoder prefills all but the last)
+    rules: LogitRules  # the window's logit rules
+    eot: int  # end-of-text token
+    max_new_tokens: int  # tokens decoded at most
+    no_speech: int | None  # <|nospeech|> token, read at ``sot_index``
+    sot_index: int  # position of <|startoftranscript|> in ``prompt``
+    options: DecodingOptions  # one temperature (``options.temperature``)
+    method: DecodeMethod  # plain or speculative
+    generator: torch.Generator | None  # the file's random source (sampling)
+
+    @property
+    def greedy(self) -> bool:
+        """A single greedy (or speculative greedy) decode: no beam, no sampling."""
+        beam = self.options.beam_size is not None and self.options.beam_size > 1
+        return self.options.temperature == 0.0 and not beam
+
+
+def run_attempt(target: Target, state: TargetState, attempt: Attempt) -> tuple[DecodeResult, DecodeStats]:
+    """:func:`decode_attempt` of ``attempt`` on ``state``."""
+    a = attempt
+    return decode_attempt(target, state, a.prompt, a.rules, a.eot, a.max_new_tokens, a.no_speech, a.sot_index,
+                          options=a.options, method=a.method, generator=a.generator)
+
+
+FallbackSteps = Generator[Attempt, tuple[DecodeResult, DecodeStats], WindowDecode]
+
+
+def fallback_steps(
+    prompt: list[int],
+    rules: LogitRules,
+    eot: int,
+    max_new_tokens: int,
+    no_speech: int | None,
+    sot_index: int,
+    *,
+    options: DecodingOptions,
+    text_of: Callable[[list[int]], str],
+    method: DecodeMethod = AR,
+    generator: torch.Generator | None = None,
+) -> FallbackSteps:
+    """openai-whisper's ``decode_with_fallback`` for one window as a step machine: yields one
+    :class:`Attempt` per temperature tried, receives its ``(result, stats)``, returns the kept decode.
+
+    With ``fallback_silence``, a likely-silent window whose first decode failed stops there: it is
+    skipped whatever a sample would say (:func:`should_skip`), so no sample is drawn for it.
+    """
+    total = DecodeStats()
+    kept: WindowDecode | None = None
+    for i, t in enumerate(options.temperatures):
+        res, stats = yield Attempt(prompt, rules, eot, max_new_tokens, no_speech, sot_index, options.at(t), method,
+                                   generator)
+        accumulate(total, stats)
+        ratio, avg_lp = compression_ratio(text_of(res.tokens).strip()), avg_logprob(res)
+        failed = needs_fallback(ratio, avg_lp, res.no_speech_prob, options)
+        kept = WindowDecode(res, t, avg_lp, ratio, i + 1, total, first_failed=i > 0 or failed)
+        if not failed or (options.fallback_silence and likely_silent(res.no_speech_prob, options)):
+            break
+    return kept
+
+
+def decode_with_fallback(target: Target, state: TargetState, steps: FallbackSteps) -> WindowDecode:
+    """openai-whisper's ``decode_with_fallback`` for one window: its :func:`fallback_steps` run to the
+    kept decode, each attempt decoded on ``state`` (:func:`run_attempt`)."""
+    return drive(steps, lambda attempt: run_attempt(target, state, attempt))
+
+
+def drive(steps: Generator, serve: Callable) -> object:
+    """Run a step machine to its end, answering each request it yields with ``serve(request)``."""
+    reply = None
+    try:
+        while True:
+            reply = serve(steps.send(reply))
+    except StopIteration as stop:
+        return stop.value

@@ -1,0 +1,287 @@
+"""Batch transcription over files and directories: discovery, output naming, resume, per-file errors.
+
+This is the library API behind ``specli transcribe`` / ``specli translate``; the commands only parse
+options, call :func:`run_batch` and print.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from specli.io.audio import AUDIO_EXTENSIONS, iter_audio_chunks
+from specli.asr.fallback import AR
+from specli.asr.language import check_model_name, check_model_support, normalize_language
+from specli.asr.scheduler import batch_unsupported, transcribe_batched
+from specli.asr.strategies import Engine, load_engine
+from specli.models.whisper.loader import WhisperModel
+from specli.asr.windows import (FileResult, FileSteps, TranscribeOptions, run_alone, run_file,
+                                          transcribe_steps)
+from specli.errors import AudioError, SpecliError, UsageError
+from specli.presets import DEFAULT_PRESET, Preset, load_preset
+from specli.io.resume import ResumeMode, decide, sidecar_path, write_sidecar
+from specli.asr.vad import VadOptions, speech_steps
+from specli.asr.writers import WRITERS, SubtitleOptions, result_record, to_json
+from specli.io.atomic import write_atomic
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One audio file of the batch and where its outputs go (without extension)."""
+
+    path: Path
+    output_base: Path
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one input: a result, an error, or skipped because its outputs exist."""
+
+    path: Path
+    result: FileResult | None = None
+    error: str | None = None  # one-line reason, when it failed
+    skipped: bool = False
+    outputs: tuple[Path, ...] = ()
+    record: dict | None = None  # the file's JSON record (read back from disk when skipped; None if absent)
+
+
+def discover(inputs: Iterable[str]) -> tuple[list[tuple[Path, Path]], list[Outcome]]:
+    """Expand inputs into ``(file, root)`` pairs; inputs that hold no audio become failed outcomes.
+
+    Directories are searched recursively for audio extensions; ``root`` is the directory an
+    output path is made relative to (the input directory, or the file's own directory).
+    """
+    found: list[tuple[Path, Path]] = []
+    bad: list[Outcome] = []
+    seen: set[Path] = set()
+    for raw in inputs:
+        p = Path(raw)
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_EXTENSIONS)
+            if not files:
+                bad.append(Outcome(p, error=f"{p}: directory contains no audio files"))
+            pairs = [(f, p) for f in files]
+        elif p.exists():
+            pairs = [(p, p.parent)]
+        else:
+            bad.append(Outcome(p, error=f"{p}: no such file or directory"))
+            pairs = []
+        for f, root in pairs:
+            key = f.resolve()
+            if key not in seen:
+                seen.add(key)
+                found.append((f, root))
+    return found, bad
+
+
+def plan_outputs(found: Sequence[tuple[Path, Path]], output_dir: Path) -> list[InputFile]:
+    """Output base paths mirror each file's path under its root; collisions get a path hash."""
+    bases = [output_dir / f.relative_to(root).with_suffix("") for f, root in found]
+    counts: dict[Path, int] = {}
+    for b in bases:
+        counts[b] = counts.get(b, 0) + 1
+    items = []
+    for (f, _root), base in zip(found, bases):
+        if counts[base] > 1:
+            digest = hashlib.sha1(str(f.resolve()).encode()).hexdigest()[:8]
+            base = base.with_name(f"{base.name}-{digest}")
+        items.append(InputFile(f, base))
+    return items
+
+
+def output_paths(item: InputFile, formats: Sequence[str]) -> list[Path]:
+    return [item.output_base.with_name(f"{item.output_base.name}.{fmt}") for fmt in formats]
+
+
+def render(result: FileResult, fmt: str, source: str, subtitles: SubtitleOptions | None = None) -> str:
+    if fmt == "json":
+        return to_json(result, source)
+    if fmt in ("srt", "vtt") and subtitles is not None:
+        return WRITERS[fmt](result, subtitles)
+    return WRITERS[fmt](result)
+
+
+def file_steps(model: WhisperModel, path: Path, opts: TranscribeOptions, decode=None,
+               on_window: Callable[[float], None] | None = None, vad: VadOptions | None = None) -> FileSteps:
+    """The step machine of one file with streaming audio (``transcribe_steps``), or with ``vad`` of its
+    speech only (the file is read fully, ``specli.asr.vad``); bad input raises :class:`AudioError` from it."""
+    kwargs = {} if decode is None else {"decode": decode}
+    if vad is not None:
+        return speech_steps(model, iter_audio_chunks(path), opts, vad, on_window=on_window, **kwargs)
+    return transcribe_steps(model, iter_audio_chunks(path), opts, on_window=on_window, **kwargs)
+
+
+transcribe_file = run_alone(file_steps, "transcribe_file", """\
+Transcribe one file with streaming audio; raises :class:`AudioError` for bad input.
+
+With ``vad``, the file is read fully and only its speech is transcribed (``specli.asr.vad``). Runs
+:func:`file_steps` (same arguments), answering each request on its own.""")
+
+
+DEFAULT_BATCH_SIZE = 4  # the CLI's files in flight: fastest measured on 2-vCPU machines (README, "Batch sizes")
+
+
+def batch_size_for(model: WhisperModel, decode, batch_size: int) -> tuple[int, str | None]:
+    """The batch size that runs: ``batch_size``, or 1 with the reason when the preset's decoding cannot
+    run batched on this model (the caller says so; outputs are the same either way)."""
+    if batch_size < 1:
+        raise UsageError("batch size must be >= 1")
+    if batch_size == 1:
+        return 1, None
+    why = batch_unsupported(model, decode or AR)
+    return (1, why) if why else (batch_size, None)
+
+
+def transcribe_files(
+    model: WhisperModel,
+    jobs: Iterable[tuple[int, Path | None]],
+    opts: TranscribeOptions,
+    decode=None,
+    batch_size: int = 1,
+    on_window: Callable[[Path, float], None] | None = None,
+    vad: VadOptions | None = None,
+    errors: tuple[type[Exception], ...] = (AudioError,),
+) -> Iterator[tuple[int, FileResult | Exception]]:
+    """``(key, result)`` of each ``(key, path)`` job, up to ``batch_size`` files in flight (continuous
+    batching, :mod:`specli.asr.scheduler`), in completion order; a file raising one of ``errors``
+    gets the exception as its result and the others go on. A job without a path (nothing to do) comes
+    back at once with the result None."""
+    def steps(path: Path | None) -> Callable[[], FileSteps] | None:
+        cb = (lambda s: on_window(path, s)) if on_window else None
+        return None if path is None else lambda: file_steps(model, path, opts, decode, cb, vad)
+
+    size, _why = batch_size_for(model, decode, batch_size)
+    if size == 1:
+        for key, path in jobs:
+            try:
+                yield key, path and run_file(model, steps(path)())
+            except errors as exc:
+                yield key, exc
+        return
+    yield from transcribe_batched(model, ((key, steps(path)) for key, path in jobs), size, decode or AR, errors)
+
+
+def text_settings(preset: Preset, opts: TranscribeOptions, extra: Mapping[str, object] | None = None) -> dict:
+    """The settings that change the text, fingerprinted beside every output (``specli.io.resume``).
+
+    Every field of ``opts`` is included, so a new ``TranscribeOptions`` field is covered without more
+    work; settings that live elsewhere (a decoding or VAD option) go into ``extra``.
+    """
+    return {"preset": preset.name, "model": preset.model, "dtype": preset.dtype, **asdict(opts), **(extra or {})}
+
+
+def run_batch(
+    model: WhisperModel,
+    items: Sequence[InputFile],
+    opts: TranscribeOptions,
+    formats: Sequence[str],
+    overwrite: bool = False,
+    decode=None,
+    on_window: Callable[[Path, float], None] | None = None,
+    settings: Mapping[str, object] | None = None,
+    mode: ResumeMode | None = None,
+    on_redo: Callable[[Path, str], None] | None = None,
+    vad: VadOptions | None = None,
+    subtitles: SubtitleOptions | None = None,
+    batch_size: int = 1,
+) -> Iterator[Outcome]:
+    """Transcribe each item and write its outputs atomically, with a sidecar of the settings used.
+
+    Up to ``batch_size`` files are transcribed together (:func:`transcribe_files`); each file's outputs
+    are written as soon as it finishes, and outcomes are yielded in input order.
+
+    An item whose outputs all exist is skipped when they were made with the same ``settings`` (default:
+    the fields of ``opts``); otherwise it is redone and ``on_redo(path, reason)`` says why. ``mode``
+    "overwrite" (or ``overwrite=True``) always redoes, "skip-existing" keeps whatever exists.
+    """
+    settings = dict(settings) if settings is not None else {**asdict(opts), **({"vad": asdict(vad)} if vad else {})}
+    mode = mode or ("overwrite" if overwrite else "changed")
+    skipped: dict[int, Outcome | None] = {}
+
+    def todo() -> Iterator[tuple[int, Path | None]]:  # decided as each item's turn comes
+        for i, item in enumerate(items):
+            skipped[i] = _skip(item, formats, settings, mode, on_redo)
+            yield i, None if skipped[i] else item.path
+
+    results = transcribe_files(model, todo(), opts, decode, batch_size, on_window, vad)
+    yield from _in_input_order((i, skipped.pop(i) or _write(items[i], result, formats, settings, subtitles))
+                               for i, result in results)
+
+
+def _in_input_order(outcomes: Iterable[tuple[int, Outcome]]) -> Iterator[Outcome]:
+    """Outcomes keyed by input index, yielded in input order (one that finishes early waits for those
+    before it)."""
+    done: dict[int, Outcome] = {}
+    following = 0  # the next input index to yield
+    try:
+        for i, outcome in outcomes:
+            done[i] = outcome
+            while following in done:
+                yield done.pop(following)
+                following += 1
+    except KeyboardInterrupt:  # what finished is written: report it (input order, gaps allowed), then stop
+        for i in sorted(done):
+            yield done.pop(i)
+        raise
+
+
+def _skip(item: InputFile, formats: Sequence[str], settings: Mapping[str, object], mode: ResumeMode,
+          on_redo: Callable[[Path, str], None] | None) -> Outcome | None:
+    """The skipped outcome of an item whose outputs are kept (``specli.io.resume``), else None (to do)."""
+    outs = output_paths(item, formats)
+    decision = decide(outs, item.output_base, settings, mode)
+    if decision.skip:
+        record = None if decision.record is None else {**decision.record, "source": str(item.path)}
+        return Outcome(item.path, skipped=True, outputs=tuple(outs), record=record)
+    if decision.redo_reason and on_redo is not None:
+        on_redo(item.path, decision.redo_reason)
+    return None
+
+
+def _write(item: InputFile, result: FileResult | Exception, formats: Sequence[str], settings: Mapping[str, object],
+           subtitles: SubtitleOptions | None) -> Outcome:
+    """Write one finished item's outputs atomically (sidecar first) and return its outcome."""
+    if isinstance(result, Exception):
+        return Outcome(item.path, error=str(result))
+    outs = output_paths(item, formats)
+    record = result_record(result, str(item.path))
+    texts = {out: render(result, fmt, str(item.path), subtitles) for fmt, out in zip(formats, outs)}
+    try:
+        write_sidecar(sidecar_path(item.output_base), settings, texts, record)  # first: see specli.io.resume
+        for out, text in texts.items():
+            write_atomic(out, text)
+    except OSError as exc:  # an unwritable output: this file fails, the batch goes on
+        return Outcome(item.path, error=f"{item.path}: cannot write {exc.filename or 'output'}: {exc.strerror or exc}")
+    return Outcome(item.path, result=result, outputs=tuple(outs), record=record)
+
+
+def transcribe(
+    inputs: Iterable[str | Path],
+    preset: str | Preset = DEFAULT_PRESET,
+    options: TranscribeOptions = TranscribeOptions(),
+    engine: Engine | None = None,
+    vad: VadOptions | None = None,
+    batch_size: int = 1,
+) -> Iterator[Outcome]:
+    """Library entry point: transcribe files and directories, yielding one :class:`Outcome` each (in
+    input order; up to ``batch_size`` files are transcribed together).
+
+    Nothing is written; failures are reported in ``Outcome.error`` and the batch goes on. A language
+    Whisper does not know, or one the model cannot do, raises :class:`specli.errors.UsageError`. Pass a
+    loaded ``engine`` (``specli.asr.strategies.load_engine``) to reuse it across calls.
+    """
+    p = preset if isinstance(preset, Preset) else load_preset(preset)
+    options = replace(options, language=normalize_language(options.language))
+    if engine is None:
+        check_model_name(p.model, options.task, options.language)
+        engine = load_engine(p, language=options.language)
+    check_model_support(engine.model.special, engine.preset.model, options.task, options.language)
+    found, bad = discover(str(i) for i in inputs)
+    yield from bad
+    paths = [path for path, _root in found]
+    results = transcribe_files(engine.model, enumerate(paths), options, engine.decode, batch_size, vad=vad,
+                               errors=(SpecliError,))
+    yield from _in_input_order((i, Outcome(paths[i], error=str(r)) if isinstance(r, Exception)
+                                else Outcome(paths[i], result=r)) for i, r in results)

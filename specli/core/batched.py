@@ -1,0 +1,260 @@
+"""Ragged batched decoding with continuous batching: plain (AR) or speculative, greedy or sampled.
+
+Up to ``capacity`` rows decode together in one preallocated target state (a
+:class:`~specli.core.kv_cache.RaggedKVCache` with one length per row, plus each slot's context:
+Whisper's encoder output and cross-attention K/V). A row is admitted into the first free slot
+(``target.admit`` writes its context, one batch-1 forward prefills all of its prompt but the last
+token), then every :meth:`BatchDecoder.step` is ONE target forward over the active rows ``[0, B)``:
+
+* each row scores ``[pending] + its draft`` (``[B, K+1]``; a row with fewer draft tokens is padded
+  with its pending token at its own position and masked, and its padding K/V is never kept);
+* each row's logits go through the one logit filter with that row's rules, sampling parameters and
+  generator, and are verified on their own (:func:`~specli.core.speculative.accept_draft`, the
+  same code as batch-1 speculative decoding); eot inside an accepted prefix ends the row;
+* a row keeps its accepted path in the cache (its own length moves; rejected K/V stays, masked);
+* finished rows leave: the last active row is copied into the hole (one row's cache and context,
+  once), so the active rows stay ``[0, B)`` and no step gathers rows.
+
+Without a drafter every row proposes nothing and a step is batched plain decoding. Greedy output of a
+row equals :func:`~specli.core.greedy.greedy_decode` of that row at batch 1 except where batched
+matrix products flip a near-tie between the top two logits (tests/test_batched.py documents where).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from specli.core.device import host_to_device
+from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest
+from specli.core.drafters.batched import BatchDrafter
+from specli.core.logits import GREEDY, SamplingParams, filter_logits
+from specli.core.speculative import SpecOptions, accept_draft, commit_emitted, drafting_pays
+from specli.core.tree import depths, tree_inputs
+from specli.core.types import BatchTarget, DecodeResult, DecodeStats, HiddenStates, LogitRules
+
+
+@dataclass(frozen=True)
+class RowJob:
+    """One sequence to decode inside a batch (Whisper: one window's decode attempt)."""
+
+    key: Hashable  # the caller's id, returned with the result
+    context: Any  # what target.admit takes (Whisper: encoder output [1, A, d]; decoder-only LM: None)
+    prompt: list[int]  # prompt tokens; all but the last are prefilled when the row is admitted
+    rules: LogitRules | None  # this row's logit rules (timestamp rules, min-length masks, RAS windows ...)
+    eot: int  # the token that ends the row
+    max_new_tokens: int  # most tokens sampled after the prompt (eot included)
+    no_speech: int | None = None  # token whose probability at sot_index is reported (Whisper), or None
+    sot_index: int = 0  # prompt index of the start-of-transcript token
+    sampling: SamplingParams = GREEDY  # greedy or sampling, for this row
+    generator: torch.Generator | None = None  # this row's random numbers (one RNG per request)
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("a row needs at least one prompt token")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+
+
+@dataclass
+class _Row:
+    """A row in flight: its job, committed tokens and counters."""
+
+    job: RowJob
+    tokens: list[int]  # prompt + sampled, the pending token last
+    filt: partial  # filter_logits with this row's rules and sampling parameters
+    gen: torch.Generator | None
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    hidden: HiddenStates | None = None  # target states of the row's last verified positions [1, m, d]
+    sum_logprob: float = 0.0
+    no_speech_prob: float = 0.0
+    finished: bool = False
+    t_start: float = field(default_factory=time.perf_counter)
+
+    @property
+    def sampled(self) -> int:
+        return len(self.tokens) - len(self.job.prompt)
+
+
+class BatchDecoder:
+    """Continuous batching over a target that implements :class:`~specli.core.types.BatchTarget`.
+
+    ``add`` admits rows into free slots, ``step`` runs one batched forward and returns the rows that
+    finished. ``drafter`` (a :class:`~specli.core.drafters.batched.BatchDrafter`) makes it
+    speculative; ``options.max_draft`` bounds each row's draft. Stats are per row: ``target_forwards``
+    counts the forwards the row took part in; the batch's draft / verify time is split evenly over
+    the rows of each step, so the rows' times add up to the wall time.
+    """
+
+    def __init__(self, target: BatchTarget, capacity: int, max_len: int | None = None, *,
+                 drafter: BatchDrafter | None = None, options: SpecOptions = SpecOptions()) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.target, self.drafter, self.options = target, drafter, options
+        spare = options.max_draft + 1 if drafter is not None else 1
+        self.state = target.start_batch(capacity, max_len, spare)
+        self.capacity = capacity
+        self.rows: list[_Row] = []  # row b lives in slot b
+
+    @property
+    def free(self) -> int:
+        """Slots available for :meth:`add`."""
+        return self.capacity - len(self.rows)
+
+    @property
+    def active(self) -> int:
+        """Rows decoding now."""
+        return len(self.rows)
+
+    @torch.inference_mode()
+    def add(self, job: RowJob) -> None:
+        """Admit ``job`` into the next free slot and prefill its prompt (all but the last token)."""
+        cache = self.state.cache
+        if not self.free:
+            raise ValueError("no free slot")
+        if len(job.prompt) + job.max_new_tokens > cache.max_len:
+            raise ValueError(f"prompt ({len(job.prompt)}) + max_new_tokens ({job.max_new_tokens}) exceed the "
+                             f"{cache.max_len} positions of a row")
+        gen = job.generator
+        if gen is None and not job.sampling.greedy and self.options.seed is not None:
+            gen = torch.Generator(device=cache.device).manual_seed(self.options.seed)
+        row = _Row(job, list(job.prompt), partial(filter_logits, rules=job.rules, params=job.sampling), gen)
+        slot = len(self.rows)
+        self.target.admit(self.state, slot, job.context)
+        view = self.target.row_state(self.state, slot, job.context)
+        plen = len(job.prompt)
+        if plen > 1:
+            out = self.target.score(view, host_to_device([job.prompt[:-1]], torch.long, cache.device))
+            cache.set_length(slot, view.cache.length)
+            row.stats.target_forwards += 1
+            row.hidden = out.hidden
+            if job.no_speech is not None and job.sot_index < plen - 1:
+                row.no_speech_prob = float(out.logits[0, job.sot_index].softmax(-1)[job.no_speech])
+        if self.drafter is not None:
+            t0 = time.perf_counter()
+            self.drafter.admit(slot, view, list(job.prompt))
+            row.stats.draft_seconds += time.perf_counter() - t0
+        self.rows.append(row)
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Hashable, DecodeResult]]:
+        """One batched target forward over the active rows; returns the rows that finished."""
+        if not self.rows:
+            return []
+        t0 = time.perf_counter()
+        proposals = self._propose()
+        t1 = time.perf_counter()
+        out = self.target.score(self.state, *_batch_inputs(self.rows, proposals, self.state.cache.lengths,
+                                                           self.state.cache.device))
+        for b, (row, proposal) in enumerate(zip(self.rows, proposals)):
+            self._accept(b, row, proposal, out)
+        t2 = time.perf_counter()
+        if self.drafter is not None:
+            for b, row in enumerate(self.rows):
+                if not row.finished:
+                    self.drafter.commit(b, row.tokens)
+        t3 = time.perf_counter()
+        share = 1.0 / len(self.rows)
+        for row, proposal in zip(self.rows, proposals):
+            row.stats.target_forwards += 1
+            row.stats.drafted += len(proposal)
+            row.stats.draft_seconds += (t1 - t0 + t3 - t2) * share
+            row.stats.verify_seconds += (t2 - t1) * share
+        return self._release()
+
+    def _propose(self) -> list[DraftProposal]:
+        """Each active row's draft (empty without a drafter or without room)."""
+        if self.drafter is None:
+            return [EMPTY] * len(self.rows)
+        requests: list[DraftRequest | None] = []
+        for b, row in enumerate(self.rows):
+            job = row.job
+            room = min(self.options.max_draft, job.max_new_tokens - row.sampled - 1,
+                       self.state.cache.max_len - self.state.cache.lengths[b] - 2)
+            if not drafting_pays(row.stats, self.options.stop_below):
+                room = 0
+            view = self.target.row_state(self.state, b, job.context)
+            requests.append(None if room < 1 else DraftRequest(row.tokens, len(job.prompt), room, view, row.hidden,
+                                                               row.filt, job.sampling.greedy, row.gen))
+        return self.drafter.propose(requests)
+
+    def _accept(self, b: int, row: _Row, proposal: DraftProposal, out) -> None:
+        """Verify row ``b``'s draft against its rows of ``out`` and commit what it accepts."""
+        job, cache, n = row.job, self.state.cache, len(proposal)
+        plen, start = len(job.prompt), cache.lengths[b]
+        kept, emitted, logprobs = accept_draft(out.logits[b, : n + 1], row.tokens[plen:], proposal, row.filt,
+                                               job.sampling, row.gen, self.options.verify_backend)
+        cache.keep(b, start, [start] + [start + 1 + i for i in kept])
+        if row.stats.verify_steps == 0 and job.no_speech is not None and job.sot_index == plen - 1:
+            row.no_speech_prob = float(out.logits[b, 0].softmax(-1)[job.no_speech])
+        if self.drafter is not None:
+            rows = [0] + [i + 1 for i in kept]
+            h = out.hidden
+            row.hidden = HiddenStates(h.low[b : b + 1, rows], h.mid[b : b + 1, rows], h.last[b : b + 1, rows],
+                                      tuple(a[b : b + 1, rows] for a in h.aux))
+        used, row.sum_logprob, row.finished = commit_emitted(row.tokens, emitted, logprobs, row.sum_logprob, plen,
+                                                      job.eot, job.max_new_tokens)
+        row.stats.tokens += used
+        row.stats.record_step(max(depths(proposal.parents), default=0), used - 1)
+
+    def _release(self) -> list[tuple[Hashable, DecodeResult]]:
+        """Results of the finished rows; the last active rows move into their slots."""
+        done = [b for b, row in enumerate(self.rows) if row.finished or row.sampled >= row.job.max_new_tokens]
+        results = []
+        for b in reversed(done):  # highest slot first: the row moved into a hole is never a finished one
+            row = self.rows[b]
+            row.stats.decode_seconds = time.perf_counter() - row.t_start
+            results.append((row.job.key, DecodeResult(row.tokens[len(row.job.prompt):], row.sum_logprob,
+                                                      row.no_speech_prob, row.finished, row.stats)))
+            if self.drafter is not None:
+                self.drafter.finish(b)
+            last = len(self.rows) - 1
+            if b != last:
+                self.target.move(self.state, last, b)
+                if self.drafter is not None:
+                    self.drafter.move(last, b)
+                self.rows[b] = self.rows[last]
+            self.rows.pop()
+        return results[::-1]
+
+
+def _batch_inputs(rows: list[_Row], proposals: list[DraftProposal], lengths: list[int], device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Tokens ``[B, K+1]``, positions ``[B, K+1]`` and tree mask ``[B, K+1, K+1]`` of one step.
+
+    Row ``b`` scores ``[pending] + its draft`` at its own positions; its padding repeats the pending
+    token at the pending position and sees only itself. Without drafts: ``[B, 1]`` tokens, positions
+    and mask None (the cache's defaults).
+    """
+    k = max(len(p) for p in proposals)
+    if k == 0:
+        return host_to_device([[row.tokens[-1]] for row in rows], torch.long, device), None, None
+    tokens, positions, masks = [], [], []
+    eye = torch.eye(k + 1, dtype=torch.bool, device=device)
+    for row, proposal, start in zip(rows, proposals, lengths):
+        pad = k - len(proposal)
+        tokens.append([row.tokens[-1], *proposal.tokens] + [row.tokens[-1]] * pad)
+        mask, pos = tree_inputs(proposal.parents, start, device)  # [1, n+1, n+1], [1, n+1]
+        masks.append(F.pad(mask, (0, pad, 0, pad)) | eye)
+        positions.append(F.pad(pos, (0, pad), value=start))
+    return host_to_device(tokens, torch.long, device), torch.cat(positions), torch.cat(masks)
+
+
+def decode_all(target: BatchTarget, jobs: Iterable[RowJob], capacity: int, max_len: int | None = None, *,
+               drafter: BatchDrafter | None = None, options: SpecOptions = SpecOptions()
+               ) -> Iterator[tuple[Hashable, DecodeResult]]:
+    """Decode every job, ``capacity`` rows at a time: jobs join as slots free up; results come as rows finish."""
+    decoder = BatchDecoder(target, capacity, max_len, drafter=drafter, options=options)
+    pending = iter(jobs)
+    while True:
+        while decoder.free and (job := next(pending, None)) is not None:
+            decoder.add(job)
+        if not decoder.active:
+            return
+        yield from decoder.step()

@@ -1,0 +1,177 @@
+"""EAGLE-3 for decoder-only targets: one Llama-style draft layer over fused auxiliary states.
+
+Row ``t`` of the draft layer reads ``[embed(x_t); g_{t-1}]`` (``2H`` wide; ``input_layernorm`` on the
+embedding, ``hidden_norm`` on the hidden half, residual = the hidden half), where ``g_{t-1} = fc(
+[aux_1; aux_2; aux_3] at t - 1)`` (``fc: 3H -> H``) is the target's fused state that predicted ``x_t``.
+Attention is causal over the draft layer's own cache of committed rows. Drafting from the pending
+token at position ``P``: step 0 reads ``[embed(x_P); g_{P-1}]``; step ``j`` reads ``[embed(d_j);
+o_{P+j-1}]`` (its own previous output); ``norm`` then the target's head (draft-vocabulary rows) give
+the logits, which the request's logit filter turns into ``q``. Training unrolls the same steps
+(test-time training, :meth:`Eagle3Module.forward_train`): step ``j`` of the row at position ``r``
+sees the step-0 rows up to ``r - j`` and its own chain's earlier steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest, ModelDraftOptions, draft_token, sparse_tree
+from specli.core.drafters.llm.dflash import new_block_config
+from specli.core.drafters.llm.base import (
+    DraftLayer,
+    DraftTrainOutput,
+    RMSNorm,
+    SpeechDraftConfig,
+    SpeechDraftModule,
+    TargetParts,
+    init_linear,
+    rope,
+)
+from specli.core.kv_cache import KVCache
+
+MAX_STEPS = 24  # most draft steps per proposal
+
+
+class Eagle3Module(SpeechDraftModule):
+    """fc (3H -> H), one draft layer (2H input), norm; the target's embedding and head rows frozen."""
+
+    def __init__(self, config: SpeechDraftConfig, parts: TargetParts, draft_ids: torch.Tensor | None = None) -> None:
+        super().__init__(config, parts, draft_ids)
+        self.fc = nn.Linear(config.context_width, config.hidden, bias=False)
+        self.layers = nn.ModuleList([DraftLayer(config, eagle=True)])
+        self.norm = RMSNorm(config.hidden, config.rms_eps)
+        self.to(parts.device)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """``g = fc(features)``: ``[..., 3 * H_t] -> [..., H]``."""
+        return self.fc(features.float())
+
+    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+             k_pre: torch.Tensor | None, v_pre: torch.Tensor | None, mask: torch.Tensor | None):
+        """Rows ``[embed(tokens); hidden]`` (``[B, n]`` ids, ``[B, n, H]``) -> (output ``[B, n, H]``, k, v)."""
+        x = torch.cat([self.embed(tokens), hidden], -1)
+        cos, sin = rope(positions, self.config.head_dim, self.config.rope_theta)
+        return self.layers[0](x, hidden, k_pre, v_pre, mask, cos, sin)
+
+    def forward_train(self, context: torch.Tensor, input_ids: torch.Tensor,
+                      anchors: torch.Tensor | None = None) -> DraftTrainOutput:
+        """Test-time-training unroll of ``config.block_size`` steps for every anchor position.
+
+        Returns ``logits [B, T, S, Vd]``: anchor ``a`` (the pending token's position), step ``j``
+        predicts the token at ``a + j + 1`` (``positions``; -1 past the end). ``anchors`` is ignored.
+        """
+        b, t = input_ids.shape
+        s, dev = self.config.block_size, input_ids.device
+        g = self.fuse(context)
+        hidden = torch.cat([g.new_zeros(b, 1, g.shape[-1]), g[:, :-1]], 1)  # row r reads g_{r-1}
+        positions = torch.arange(t, device=dev).expand(b, t)
+        rows = torch.arange(t, device=dev)
+        ks, vs, outs = [], [], []
+        for j in range(s):
+            masks = [rows[None, :] <= (rows - j)[:, None]]  # step-0 keys up to the anchor r - j
+            masks += [rows[None, :] == (rows - j + i)[:, None] for i in range(1, j + 1)]
+            mask = torch.cat(masks, -1)[None]  # [1, T, (j + 1) * T]
+            k_pre = torch.cat(ks, 2) if ks else None
+            v_pre = torch.cat(vs, 2) if vs else None
+            out, k, v = self.step(input_ids, hidden, positions, k_pre, v_pre, mask)
+            ks.append(k)
+            vs.append(v)
+            outs.append(self.head(self.norm(out)))  # [B, T, Vd]: row r = anchor r - j
+            hidden = torch.cat([out.new_zeros(b, 1, out.shape[-1]), out[:, :-1]], 1)
+        logits = torch.stack(outs, 2)  # [B, T(row), S, Vd]
+        idx = (rows[:, None] + torch.arange(s, device=dev)).clamp(max=t - 1)  # row of anchor a at step j
+        per_anchor = logits[:, idx, torch.arange(s, device=dev)]  # [B, T(anchor), S, Vd]
+        pos = rows[:, None] + torch.arange(s, device=dev) + 1
+        pos = torch.where(pos < t, pos, torch.full_like(pos, -1)).expand(b, t, s)
+        return DraftTrainOutput(per_anchor, pos.contiguous())
+
+
+def new_eagle3(parts: TargetParts, unroll: int = 7, draft_vocab_ids: torch.Tensor | None = None, seed: int = 0,
+               **kw) -> Eagle3Module:
+    """A fresh EAGLE-3 module (TTT unroll ``unroll``, stored as ``block_size``)."""
+    vd = 0 if draft_vocab_ids is None else draft_vocab_ids.numel()
+    mod = Eagle3Module(new_block_config("eagle3", parts, 1, unroll, vd, **kw), parts, draft_vocab_ids)
+    init_linear(mod, seed=seed)
+    return mod
+
+
+class Eagle3Drafter:
+    """Autoregressive draft steps with an :class:`Eagle3Module`; adaptive length and sparse tree."""
+
+    def __init__(self, module: Eagle3Module, options: ModelDraftOptions = ModelDraftOptions()) -> None:
+        self.module = module.eval()
+        self.options = options
+        self._kv: KVCache | None = None
+        self._g: torch.Tensor | None = None  # [max_len, H] fused target state of each committed position
+
+    def start(self, state, prompt: list[int]) -> None:
+        cfg, dev = self.module.config, self.module.parts.device
+        n = state.cache.max_len + MAX_STEPS + 2
+        self._kv = KVCache(1, 1, cfg.kv_heads, n, cfg.head_dim, torch.float32, dev)
+        self._g = torch.zeros(n, cfg.hidden, device=dev)
+
+    def _sync(self, request: DraftRequest) -> int:
+        """Write the fused states and the draft rows of newly committed positions; return ``P``."""
+        mod, pos, hid = self.module, len(request.tokens) - 1, request.hidden
+        if hid is not None:
+            if len(hid.aux) != 3:
+                raise ValueError("the target returns no auxiliary hidden states: "
+                                 "build it with the drafter's aux layers")
+            m = hid.aux[0].shape[1]
+            self._g[pos - m : pos] = mod.fuse(torch.cat([a.float() for a in hid.aux], -1))[0]
+        start = self._kv.length
+        if start < pos:
+            dev = self._g.device
+            toks = torch.tensor([request.tokens[start:pos]], device=dev)
+            prev = torch.cat([self._g.new_zeros(1, self._g.shape[1]), self._g[: pos - 1]])[start:pos][None]
+            positions = torch.arange(start, pos, device=dev)[None]
+            mask = torch.ones(pos - start, pos, dtype=torch.bool, device=dev)
+            mask[:, start:] = torch.ones(pos - start, pos - start, dtype=torch.bool, device=dev).tril()
+            k_pre, v_pre = self._kv.view(0, start)
+            _, k, v = mod.step(toks, prev, positions, k_pre, v_pre, mask[None])
+            self._kv.write(0, start, k, v)
+            self._kv.length = pos
+        return pos
+
+    @torch.inference_mode()
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        if request.budget < 1 or self._kv is None:
+            return EMPTY
+        mod, opts, dev = self.module, self.options, self._g.device
+        pos = self._sync(request)
+        sampled = request.tokens[request.prompt_len :]
+        draft, conf, q_rows, alts = [], [], [], []
+        tok, hidden, survival = request.tokens[-1], self._g[pos - 1 : pos][None] if pos else None, 1.0
+        if hidden is None:
+            hidden = self._g.new_zeros(1, 1, self._g.shape[1])
+        for j in range(min(request.budget, MAX_STEPS)):
+            n = self._kv.length
+            k_pre, v_pre = self._kv.view(0, n)
+            out, k, v = mod.step(torch.tensor([[tok]], device=dev), hidden, torch.tensor([[pos + j]], device=dev),
+                                 k_pre, v_pre, None)
+            self._kv.write(0, n, k, v)
+            self._kv.length = n + 1
+            full = mod.scatter_full(mod.head(mod.norm(out))[0, 0])
+            probs = request.filter(full[None], [sampled + draft]).softmax(-1)[0]
+            if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
+                break
+            tok = draft_token(probs, request)
+            p = float(probs[tok])
+            survival *= p
+            if draft and (survival < opts.confidence_threshold or not math.isfinite(p) or p <= 0):
+                break
+            draft += [tok]
+            conf.append(p)
+            q_rows.append(None if request.greedy else probs)
+            alts.append(probs.topk(opts.tree_topk + 1).indices.tolist() if opts.tree_topk else [])
+            hidden = out
+        self._kv.crop(pos)
+        return sparse_tree(draft, conf, q_rows, alts, request.budget, opts) if draft else EMPTY
+
+    def commit(self, tokens: list[int]) -> None:
+        """Crop the draft layer's cache to the committed context (everything but the pending token)."""
+        if self._kv is not None and self._kv.length > len(tokens) - 1:
+            self._kv.crop(len(tokens) - 1)

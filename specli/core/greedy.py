@@ -1,0 +1,64 @@
+"""Plain autoregressive decoding (greedy, or sampling through the same logit filter).
+
+Greedy decoding here is the reference every speculative strategy must reproduce token for token.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specli.core.logits import GREEDY, SamplingParams, choose, filter_logits
+from specli.core.types import DecodeResult, DecodeStats, LogitRules, Target, TargetState
+
+
+def greedy_decode(
+    target: Target,
+    state: TargetState,
+    prompt: list[int],
+    rules: LogitRules,
+    eot: int,
+    max_new_tokens: int,
+    no_speech: int | None = None,
+    sot_index: int = 0,
+    sampling: SamplingParams = GREEDY,
+    generator: torch.Generator | None = None,
+) -> DecodeResult:
+    """Decode one window, one target forward a token, from the filtered logits."""
+    t0 = time.perf_counter()
+    stats = DecodeStats()
+    dev = state.cache.device
+    out = target.score(state, torch.tensor([prompt], device=dev))
+    stats.target_forwards += 1
+    no_speech_prob = float(out.logits[0, sot_index].softmax(-1)[no_speech]) if no_speech is not None else 0.0
+    logits = out.logits[0, -1:]  # [1, vocab]
+    sampled: list[int] = []
+    sum_logprob, finished = 0.0, False
+    where = generator.device if generator is not None else dev  # random numbers are drawn where the generator lives
+    while len(sampled) < max_new_tokens:
+        filtered = filter_logits(logits, [sampled], rules, sampling)
+        u = None if sampling.greedy else torch.rand(1, generator=generator, dtype=torch.float64,
+                                                    device=where).float().to(dev)
+        chosen = choose(filtered, sampling, u)  # [1]
+        logp = torch.log_softmax(unit_temperature(filtered[0], sampling), -1)  # [vocab]
+        tok, lp = torch.cat([chosen.double(), logp[chosen].double()]).tolist()  # one readback a step
+        token = int(tok)
+        sum_logprob += lp
+        stats.tokens += 1
+        if token == eot:
+            finished = True
+            break
+        sampled.append(token)
+        if len(sampled) == max_new_tokens:
+            break
+        logits = target.score(state, torch.tensor([[token]], device=dev)).logits[0]
+        stats.target_forwards += 1
+    stats.decode_seconds = time.perf_counter() - t0
+    return DecodeResult(sampled, sum_logprob, no_speech_prob, finished, stats)
+
+
+def unit_temperature(filtered: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """Filtered logits ``[..., vocab]`` undivided by the temperature: Whisper's log-probabilities
+    (and so ``avg_logprob`` and the fallback rule) are those of the distribution at temperature 1."""
+    return filtered if sampling.greedy else filtered * sampling.temperature

@@ -1,0 +1,194 @@
+"""Lossless speculative decoding: a drafter proposes, the target verifies in one forward, commit.
+
+The cache holds every committed token except the *pending* one (the last committed token). Each
+step scores ``[pending] + draft`` (a chain or a tree) in one target forward, verifies the draft
+against the filtered target rows, keeps the accepted path in the cache (``crop`` / ``compact``)
+and emits the accepted tokens plus one target token (recovered or bonus), which becomes pending.
+Greedy output equals :func:`specli.core.greedy.greedy_decode`; sampled output follows the
+target's distribution.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from specli.core.device import host_to_device
+from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest
+from specli.core.greedy import unit_temperature
+from specli.core.logits import GREEDY, SamplingParams, filter_logits
+from specli.core.tree import depths, is_chain, tree_inputs
+from specli.core.types import DecodeResult, DecodeStats, LogitRules, Target, TargetState
+from specli.core.verify import BACKENDS, Backend, verify
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    """Speculation settings shared by every drafter."""
+
+    max_draft: int = 8  # most draft tokens (tree nodes) per target forward
+    sampling: SamplingParams = GREEDY  # greedy, or sampling with temperature / top-k / top-p / penalty
+    seed: int | None = None  # seed of the random numbers used when sampling
+    verify_backend: Backend = "auto"  # verify kernels: auto (Triton on CUDA, torch elsewhere), reference, triton
+    # stop drafting for the rest of a window once its accepted draft tokens per target forward fall below
+    # this, judged from the PROBE_FORWARDS-th forward on (drafting that is rarely accepted only costs); 0 = never
+    stop_below: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_draft <= 64:
+            raise ValueError("max_draft must be within 0..64")
+        if not 0.0 <= self.stop_below < 64:
+            raise ValueError("stop_below must be within [0, 64)")
+        if self.verify_backend not in BACKENDS:
+            raise ValueError(f"verify_backend must be one of {BACKENDS}")
+
+
+PROBE_FORWARDS = 6  # target forwards of a window before SpecOptions.stop_below judges its acceptance
+
+
+def drafting_pays(stats: DecodeStats, stop_below: float) -> bool:
+    """Whether a window keeps drafting: always during its first ``PROBE_FORWARDS`` forwards, then while its
+    accepted draft tokens per forward stay at or above ``stop_below`` (0: always). Speed only: every
+    forward is verified the same way, drafted or not."""
+    if stop_below <= 0 or stats.verify_steps < PROBE_FORWARDS:
+        return True
+    return stats.accepted >= stop_below * stats.verify_steps
+
+
+def speculative_decode(
+    target: Target,
+    state: TargetState,
+    prompt: list[int],
+    rules: LogitRules,
+    eot: int,
+    max_new_tokens: int,
+    no_speech: int | None = None,
+    sot_index: int = 0,
+    *,
+    drafter: Drafter,
+    options: SpecOptions = SpecOptions(),
+    generator: torch.Generator | None = None,
+) -> DecodeResult:
+    """Decode one window with ``drafter``; same contract as ``greedy_decode``.
+
+    Sampling draws from ``generator`` when given (one per file: runs are reproducible from one
+    seed), else from a generator seeded with ``options.seed``.
+    """
+    t_start = time.perf_counter()
+    stats = DecodeStats()
+    gen = generator
+    if gen is None and options.seed is not None:
+        gen = torch.Generator(device=state.cache.device).manual_seed(options.seed)
+    filt = partial(filter_logits, rules=rules, params=options.sampling)
+    no_speech_prob, hidden = 0.0, None
+    if len(prompt) > 1:
+        out = target.score(state, host_to_device([prompt[:-1]], torch.long, state.cache.device))
+        stats.target_forwards += 1
+        if no_speech is not None and sot_index < len(prompt) - 1:
+            no_speech_prob = float(out.logits[0, sot_index].softmax(-1)[no_speech])
+        hidden = out.hidden
+    t_draft = time.perf_counter()
+    drafter.start(state, prompt)
+    stats.draft_seconds += time.perf_counter() - t_draft
+    tokens, plen = list(prompt), len(prompt)
+    sum_logprob, finished = 0.0, False
+    while not finished and len(tokens) - plen < max_new_tokens:
+        room = min(options.max_draft, max_new_tokens - (len(tokens) - plen) - 1,
+                   state.cache.max_len - state.cache.length - 2) if drafting_pays(stats, options.stop_below) else 0
+        t0 = time.perf_counter()
+        req = DraftRequest(tokens, plen, max(0, room), state, hidden, filt, options.sampling.greedy, gen)
+        proposal = drafter.propose(req) if room > 0 else DraftProposal([], [])
+        t1 = time.perf_counter()
+        emitted, logprobs, hidden, rows0 = _verify_step(target, state, tokens, plen, proposal, filt, options, gen)
+        if stats.verify_steps == 0 and no_speech is not None and sot_index == plen - 1:  # the first step scored sot
+            no_speech_prob = float(rows0.softmax(-1)[no_speech])
+        stats.target_forwards += 1
+        stats.draft_seconds += t1 - t0
+        stats.verify_seconds += time.perf_counter() - t1
+        stats.drafted += len(proposal)
+        used, sum_logprob, finished = commit_emitted(tokens, emitted, logprobs, sum_logprob, plen, eot,
+                                                     max_new_tokens)
+        stats.tokens += used
+        stats.record_step(max(depths(proposal.parents), default=0), used - 1)
+        t2 = time.perf_counter()
+        drafter.commit(tokens)
+        stats.draft_seconds += time.perf_counter() - t2
+    stats.decode_seconds = time.perf_counter() - t_start
+    return DecodeResult(tokens[plen:], sum_logprob, no_speech_prob, finished, stats)
+
+
+def commit_emitted(tokens: list[int], emitted: list[int], logprobs: list[float], sum_logprob: float, plen: int,
+                   eot: int, max_new_tokens: int) -> tuple[int, float, bool]:
+    """Append a step's emitted tokens to ``tokens`` until eot or the length limit: how many were used
+    (eot included), the running sum of log-probabilities, and whether eot was reached."""
+    used = 0
+    for tok, lp in zip(emitted, logprobs):
+        used += 1
+        sum_logprob += lp
+        if tok == eot:
+            return used, sum_logprob, True
+        tokens.append(tok)
+        if len(tokens) - plen == max_new_tokens:
+            break
+    return used, sum_logprob, False
+
+
+def _verify_step(target, state, tokens, plen, proposal: DraftProposal, filt, options, gen):
+    """One target forward over ``[pending] + proposal``; returns emitted tokens and their log-probs."""
+    start, dev = state.cache.length, state.cache.device
+    n = len(proposal)
+    scored = host_to_device([[tokens[-1], *proposal.tokens]], torch.long, dev)
+    if is_chain(proposal.parents):  # the causal default: a target may compute a chain as it computes AR steps
+        out = target.score(state, scored)
+    else:
+        mask, positions = tree_inputs(proposal.parents, start, dev)
+        out = target.score(state, scored, positions=positions, tree_mask=mask)
+    kept, emitted, logprobs = accept_draft(out.logits[0], tokens[plen:], proposal, filt, options.sampling,
+                                           gen, options.verify_backend)
+    state.cache.compact(start, [start] + [start + 1 + i for i in kept])
+    return emitted, logprobs, out.hidden.select([0] + [i + 1 for i in kept]), out.logits[0, 0]
+
+
+def accept_draft(logits: torch.Tensor,  # [n+1, vocab] raw target logits of [pending] + proposal
+                 sampled: list[int], proposal: DraftProposal, filt, sampling: SamplingParams,
+                 gen: torch.Generator | None, backend: Backend = "auto") -> tuple[list[int], list[int], list[float]]:
+    """Verify one row's draft: accepted node indices, emitted tokens (accepted + the target's next token)
+    and their log-probabilities. ``sampled`` are the row's tokens after the prompt; ``filt`` its filter."""
+    n, dev = len(proposal), logits.device
+    filtered = filt(logits, _row_prefixes(sampled, proposal))  # [n+1, vocab]
+    if sampling.greedy:  # greedy verification draws nothing
+        u_accept, u_sample = torch.zeros(1, n, device=dev), torch.zeros(1, n + 1, device=dev)
+    else:  # drawn where the generator lives (the target's device unless the caller passed another)
+        where = gen.device if gen is not None else dev
+        u_accept = torch.rand(1, n, generator=gen, dtype=torch.float64, device=where).float().to(dev)
+        u_sample = torch.rand(1, n + 1, generator=gen, dtype=torch.float64, device=where).float().to(dev)
+    length, path, nxt = verify(filtered[None], proposal, sampling.greedy, u_accept, u_sample, backend=backend)
+    logp = torch.log_softmax(unit_temperature(filtered, sampling), -1)  # [n+1, vocab]
+    kept, nxt_tok, node_lp, next_lp = _read_back(logp, proposal, length, path, nxt)
+    emitted = [proposal.tokens[i] for i in kept] + [nxt_tok]
+    logprobs = [node_lp[i] for i in kept] + [next_lp[kept[-1] + 1 if kept else 0]]
+    return kept, emitted, logprobs
+
+
+def _read_back(logp: torch.Tensor, proposal: DraftProposal, length, path, nxt):
+    """The step's one device-to-host readback: accepted nodes, next token, the log-probability of each
+    node's token at its parent's row (``logp [n+1, vocab]``) and of the next token at every row."""
+    n = len(proposal)
+    node_rows = host_to_device([p + 1 for p in proposal.parents], torch.long, logp.device)
+    node_toks = host_to_device(proposal.tokens, torch.long, logp.device)
+    packed = torch.cat([length.double(), path[0].double(), nxt.double(), logp[node_rows, node_toks].double(),
+                        logp[:, nxt[0]].double()]).tolist()
+    kept = [int(i) for i in packed[1 : 1 + int(packed[0])]]
+    return kept, int(packed[1 + n]), packed[2 + n : 2 + 2 * n], packed[2 + 2 * n :]
+
+
+def _row_prefixes(sampled: list[int], proposal: DraftProposal) -> list[list[int]]:
+    """Sampled prefix seen by each scored row: the root row, then each node after its own path."""
+    rows = [sampled]
+    for i in range(len(proposal)):
+        parent = proposal.parents[i]
+        rows.append(rows[parent + 1] + [proposal.tokens[i]])
+    return rows

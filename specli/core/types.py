@@ -1,0 +1,160 @@
+"""Small protocols and result types shared by decoding strategies."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from specli.core.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class HiddenStates:
+    """Target hidden states a drafter reads, each ``[batch, n, d_model]``.
+
+    ``low`` / ``mid`` / ``last`` are the states every target exposes (first block's output, middle
+    block's output, the final normed state that feeds the vocabulary projection); ``aux`` holds the
+    states of extra layers a drafter asked the target for (EAGLE-3 / DFlash / DSpark), in the order
+    the target was told.
+    """
+
+    low: torch.Tensor  # output of the first decoder block
+    mid: torch.Tensor  # output of the middle decoder block
+    last: torch.Tensor  # final normed state (input of the vocabulary projection)
+    aux: tuple[torch.Tensor, ...] = ()  # requested auxiliary layers, each [batch, n, d_model]
+
+    def select(self, rows: list[int]) -> HiddenStates:
+        """The states of scored rows ``rows`` (e.g. the accepted path of a tree)."""
+        return HiddenStates(self.low[:, rows], self.mid[:, rows], self.last[:, rows],
+                            tuple(a[:, rows] for a in self.aux))
+
+
+@dataclass(frozen=True)
+class ScoreOutput:
+    """What one target forward returns."""
+
+    logits: torch.Tensor  # [batch, n, vocab], float32, before any logit rule
+    hidden: HiddenStates
+
+
+class TargetState(Protocol):
+    """Per-sequence state of a target: at least its preallocated self-attention cache.
+
+    Whisper's state adds the window's encoder output and cross-attention K/V; a decoder-only
+    target's state is its cache alone. The decode loop and verification only touch ``cache``.
+    """
+
+    @property
+    def cache(self) -> KVCache: ...
+
+
+class Target(Protocol):
+    """A model that scores a chain or tree of candidate tokens in one forward."""
+
+    def score(
+        self,
+        state: TargetState,
+        tokens: torch.Tensor,  # [B, n]
+        positions: torch.Tensor | None = None,  # [B, n]
+        tree_mask: torch.Tensor | None = None,  # [B, n, n] bool
+    ) -> ScoreOutput: ...
+
+
+class LogitRules(Protocol):
+    """A pure function from raw logits and each row's sampled prefix to masked logits.
+
+    Rules may also take a ``vocab`` keyword (a :class:`~specli.core.logits.DraftVocab`: the
+    columns stand for those sorted token ids only) and must then return the full rule restricted to
+    those columns; ``filter_logits`` hands rules without it the row scattered into the full vocabulary.
+    """
+
+    def __call__(self, logits: torch.Tensor, prefixes: Sequence[Sequence[int]]) -> torch.Tensor: ...
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one decode; strategies add to them, benchmarks read them."""
+
+    tokens: int = 0  # tokens emitted (eot included)
+    target_forwards: int = 0  # decoder forwards of the target, prefill included
+    decode_seconds: float = 0.0  # wall time inside the decode loop
+    draft_seconds: float = 0.0  # time in the drafter (propose + commit)
+    verify_seconds: float = 0.0  # time in target forwards, logit filtering and verification
+    verify_steps: int = 0  # speculative steps (target forwards that verified a draft)
+    drafted: int = 0  # draft tokens (tree nodes) proposed
+    accepted: int = 0  # draft tokens accepted
+    position_attempts: list[int] = field(default_factory=list)  # steps whose draft reached depth d+1 ...
+    position_accepts: list[int] = field(default_factory=list)  # ... and of those, accepted at depth d+1
+
+    def record_step(self, draft_depth: int, accepted: int) -> None:
+        """One verification: the draft's depth and how many tokens were accepted."""
+        self.verify_steps += 1
+        self.accepted += accepted
+        for d in range(min(draft_depth, accepted + 1)):
+            if d == len(self.position_attempts):
+                self.position_attempts.append(0)
+                self.position_accepts.append(0)
+            self.position_attempts[d] += 1
+            self.position_accepts[d] += int(d < accepted)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens per verification step, bonus included (tau)."""
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 1.0
+
+
+COUNTERS = ("tokens", "target_forwards", "decode_seconds", "draft_seconds", "verify_seconds", "verify_steps",
+            "drafted", "accepted")
+
+
+def accumulate(dst, src: DecodeStats) -> None:
+    """Add ``src``'s counters to ``dst`` (a DecodeStats, or any record with the same fields)."""
+    for name in COUNTERS:
+        setattr(dst, name, getattr(dst, name) + getattr(src, name))
+    for d in range(len(src.position_attempts)):
+        if d == len(dst.position_attempts):
+            dst.position_attempts.append(0)
+            dst.position_accepts.append(0)
+        dst.position_attempts[d] += src.position_attempts[d]
+        dst.position_accepts[d] += src.position_accepts[d]
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """What a decode of one window returns."""
+
+    tokens: list[int]  # sampled tokens after the prompt, eot excluded
+    sum_logprob: float  # sum of the sampled tokens' log-probabilities (eot included)
+    no_speech_prob: float  # probability of <|nospeech|> at the start-of-transcript position
+    finished: bool  # True when eot was reached, False when the length limit stopped it
+    stats: DecodeStats
+
+
+class BatchTarget(Protocol):
+    """A target that decodes a batch of independent rows in one preallocated state (core/batched.py).
+
+    The state's ``cache`` is a :class:`~specli.core.kv_cache.RaggedKVCache` (one length per row);
+    :meth:`score` over ``tokens [B, n]`` uses rows ``[0, B)``, writes row ``b``'s K/V at its own
+    length and leaves the lengths to the caller. Whisper and the Qwen2 / CosyVoice LMs implement it.
+    """
+
+    def start_batch(self, capacity: int, max_len: int | None, spare: int = 0) -> TargetState:
+        """An empty state of ``capacity`` slots, ``max_len`` positions a row plus ``spare`` padding slots."""
+
+    def admit(self, state: TargetState, slot: int, context: object) -> None:
+        """A new row in ``slot``: write its context (Whisper: encoder output ``[1, A, d]``); empty cache."""
+
+    def row_state(self, state: TargetState, slot: int, context: object = None) -> TargetState:
+        """Slot ``slot`` as a batch-1 state over the same memory (prefill, drafters); ``context`` is the
+        row's context as given to :meth:`admit`."""
+
+    def move(self, state: TargetState, src: int, dst: int) -> None:
+        """Copy slot ``src`` (cache and context) into slot ``dst``."""
+
+    def score(self, state: TargetState, tokens: torch.Tensor,  # [B, n]
+              positions: torch.Tensor | None = None,  # [B, n]
+              tree_mask: torch.Tensor | None = None,  # [B, n, n] bool
+              ) -> ScoreOutput: ...

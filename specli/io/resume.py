@@ -1,0 +1,160 @@
+"""Resume bookkeeping: the settings each output was made with, so a rerun redoes only what changed.
+
+Beside the outputs of one input (``<base>.txt``, ``<base>.json``, ...) a hidden sidecar
+``.<base>.specli`` (JSON) records the text-affecting settings, the SHA-256 of every output written with
+them and the file's JSON record (what ``--jsonl -`` prints, read back when the file is skipped).
+
+The sidecar is written (atomically) *before* the outputs, with the hashes of the texts about to be
+written, so there is no moment where outputs exist without it. At check time an output counts as made
+with the recorded settings when its hash matches, or when it changed after the sidecar was written (a
+hand edit, kept); an output older than the sidecar with another hash is left over from an interrupted
+run with other settings and is redone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from specli.io.atomic import write_atomic
+
+SIDECAR_VERSION = 1
+
+# what a rerun does with an input whose outputs all exist: "changed" redoes it when the settings differ,
+# "overwrite" always redoes it, "skip-existing" never does
+ResumeMode = Literal["changed", "overwrite", "skip-existing"]
+
+
+def plain_settings(settings: Mapping[str, object]) -> dict:
+    """``settings`` as plain JSON values (tuples -> lists, other objects -> str), keys sorted."""
+    return json.loads(json.dumps(dict(settings), sort_keys=True, default=str))
+
+
+def settings_fingerprint(settings: Mapping[str, object]) -> str:
+    """A short stable digest of the settings that change the text (a plain dict of name -> value)."""
+    canonical = json.dumps(plain_settings(settings), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _flat(settings: Mapping[str, object], prefix: str = "") -> dict:
+    """Nested tables as dotted keys (``decoding.beam_size``)."""
+    out: dict = {}
+    for key, value in settings.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def describe_change(old: Mapping[str, object], new: Mapping[str, object]) -> str:
+    """``"preset a -> b, language None -> fr, decoding.beam_size None -> 5"``: what differs, by key."""
+    old, new = _flat(plain_settings(old)), _flat(plain_settings(new))
+    missing = object()
+    parts = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, missing), new.get(key, missing)
+        if a != b:
+            parts.append(f"{key} {_show(a, missing)} -> {_show(b, missing)}")
+    return ", ".join(parts) or "settings changed"
+
+
+def _show(value: object, missing: object) -> str:
+    return "(unset)" if value is missing else str(value)
+
+
+def sidecar_path(output_base: Path) -> Path:
+    """The hidden sidecar of the outputs at ``output_base`` (path without extension)."""
+    return output_base.with_name(f".{output_base.name}.specli")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """What a sidecar holds."""
+
+    settings: dict  # the text-affecting settings (plain JSON values)
+    outputs: dict  # output file name -> SHA-256 of the text written there
+    record: dict  # the file's JSON record (as printed by --jsonl -)
+
+    @property
+    def fingerprint(self) -> str:
+        return settings_fingerprint(self.settings)
+
+
+def read_sidecar(path: Path) -> Sidecar | None:
+    """The sidecar at ``path``; None when missing, unreadable or of another version."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("version") != SIDECAR_VERSION:
+        return None
+    settings, outputs, record = data.get("settings"), data.get("outputs"), data.get("record")
+    if not (isinstance(settings, dict) and isinstance(outputs, dict) and isinstance(record, dict)):
+        return None
+    return Sidecar(settings, outputs, record)
+
+
+def write_sidecar(path: Path, settings: Mapping[str, object], texts: Mapping[Path, str], record: dict) -> None:
+    """Record ``settings`` and the hashes of ``texts`` (output path -> text about to be written).
+
+    Entries of a previous sidecar made with the same settings are kept for outputs not rewritten now.
+    """
+    settings = plain_settings(settings)
+    outputs: dict = {}
+    previous = read_sidecar(path)
+    if previous is not None and previous.fingerprint == settings_fingerprint(settings):
+        outputs.update(previous.outputs)
+    outputs.update({p.name: _sha256(t.encode("utf-8")) for p, t in texts.items()})
+    data = {"version": SIDECAR_VERSION, "settings": settings, "outputs": outputs, "record": record}
+    write_atomic(path, json.dumps(data, ensure_ascii=False, sort_keys=True) + "\n")
+
+
+@dataclass(frozen=True)
+class ResumeDecision:
+    """Whether to skip an input whose outputs may exist, and what to report."""
+
+    skip: bool
+    record: dict | None = None  # the record read back from disk, when skipped (None if none is there)
+    redo_reason: str | None = None  # why existing outputs are redone (None: nothing was there / overwrite)
+
+
+def decide(outputs: Sequence[Path], output_base: Path, settings: Mapping[str, object],
+           mode: ResumeMode = "changed") -> ResumeDecision:
+    """Skip or redo one input, given its output paths and the settings of this run."""
+    if mode == "overwrite" or not outputs or not all(o.is_file() for o in outputs):
+        return ResumeDecision(skip=False)
+    side_path = sidecar_path(output_base)
+    sidecar = read_sidecar(side_path)
+    if mode == "skip-existing":
+        return ResumeDecision(skip=True, record=sidecar.record if sidecar else _json_record(output_base))
+    if sidecar is None:
+        return ResumeDecision(False, redo_reason="no record of the settings its outputs were made with")
+    if sidecar.fingerprint != settings_fingerprint(settings):
+        return ResumeDecision(False, redo_reason=f"settings changed ({describe_change(sidecar.settings, settings)})")
+    side_mtime = side_path.stat().st_mtime_ns
+    for out in outputs:
+        recorded = sidecar.outputs.get(out.name)
+        if recorded is None:
+            return ResumeDecision(False, redo_reason=f"{out.name} was made with other settings")
+        if _sha256(out.read_bytes()) != recorded and out.stat().st_mtime_ns < side_mtime:
+            return ResumeDecision(False, redo_reason=f"{out.name} is left over from an interrupted run")
+    return ResumeDecision(skip=True, record=sidecar.record)
+
+
+def _json_record(output_base: Path) -> dict | None:
+    """The record in ``<base>.json`` when there is one (outputs made without a sidecar)."""
+    path = output_base.with_name(f"{output_base.name}.json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

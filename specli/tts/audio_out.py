@@ -1,0 +1,171 @@
+"""Batch synthesis to audio: text -> speech tokens (the LLM stage) -> mel (flow) -> audio (HiFT).
+
+Beside :mod:`specli.tts.pipeline` (speech tokens only): the same input items, one ``<id>.wav`` /
+``<id>.flac`` per utterance written atomically (skipped when it exists, unless overwriting), a bad
+line or an utterance that cannot be rendered reported with its position while the batch goes on, and a
+JSON record with the audio duration and per-stage real-time factors (LLM / flow / vocoder seconds per
+second of audio).
+
+The run's voice comes from a zero-shot prompt (a recording and its transcript, through the ONNX frontend)
+or a stored speaker of ``spk2info.pt``; it is prepared once, before any utterance, so a bad prompt stops
+the run with nothing written. A manifest line may bring its own ``prompt_wav`` (+ ``prompt_text``, its
+transcript): prepared per line (cached by recording and transcript), a bad one fails that line only. A
+line's own ``prompt_text`` / ``prompt_tokens`` without a recording still steer its LLM stage; the flow
+stage takes the voice prompt's tokens, mel and x-vector.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from specli.tts.acoustic.pipeline import AudioFormat, RenderedAudio, RenderError, VoicePrompt, Vocalizer, encode_audio, \
+    write_audio_atomic
+from specli.core.sampling import request_generator
+from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, SynthesisResult, Synthesizer
+from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT
+from specli.errors import AudioError, UsageError
+from specli.tts.pipeline import SpeechItem, result_record, run_items
+
+__all__ = ["AudioOptions", "AudioOutcome", "Voice", "audio_path", "audio_record", "prepare_voice",
+           "run_audio_synthesis"]
+
+_VOCODER_KEY = "/vocoder"  # the vocoder's generator key suffix (its own stream, apart from the LLM's)
+
+
+@dataclass(frozen=True)
+class AudioOptions:
+    """How audio is written."""
+
+    format: AudioFormat = "wav"  # container: 16-bit PCM wav or flac
+    sample_rate: int = 24000  # output rate; other than 24000 is resampled with soxr
+    seed: int = 0  # run seed; each utterance's vocoder noise comes from (seed, id)
+
+    def __post_init__(self) -> None:
+        if self.format not in ("wav", "flac"):
+            raise ValueError(f"unknown audio format {self.format!r} (wav, flac)")
+        if not 8000 <= self.sample_rate <= 192000:
+            raise ValueError("sample_rate must be within 8000..192000 Hz")
+
+
+@dataclass(frozen=True)
+class Voice:
+    """The voice of a run: what the flow stage gets, and the LLM prompt for lines without their own."""
+
+    flow: VoicePrompt  # prompt tokens, mel and x-vector for the flow stage
+    prompt_text: str = ""  # LLM prompt text (the prompt's transcript)
+    prompt_tokens: tuple[int, ...] = ()  # LLM prompt speech tokens
+
+
+@dataclass(frozen=True)
+class AudioOutcome:
+    """What happened to one input line."""
+
+    where: str  # "file:line"
+    id: str  # request id ("" for a line that had none)
+    result: SynthesisResult | None = None  # the speech tokens, when synthesized now
+    audio: RenderedAudio | None = None  # the audio and its stage times, when synthesized now
+    path: Path | None = None  # the audio file written
+    llm_seconds: float = 0.0  # wall time of the LLM stage
+    skipped: bool = False  # the audio file existed and overwriting was not asked for
+    error: str = ""  # why it failed
+
+
+def prepare_voice(vocalizer: Vocalizer, prompt_wav: str | None = None, prompt_text: str | None = None,
+                  speaker: str | None = None, names: tuple[str, str] = ("--prompt-wav", "--prompt-text")) -> Voice:
+    """The voice of a prompt recording + transcript, or of a stored speaker (UsageError when bad);
+    ``names`` are what the messages call the recording and the transcript. A stored speaker's saved prompt
+    (tokens, mel, x-vector) goes to the flow stage only: ``spk2info.pt`` keeps its transcript as token ids
+    of its own tokenizer run, so the LLM gets no prompt (like upstream's cross-lingual mode)."""
+    if prompt_wav and speaker:
+        raise UsageError("--prompt-wav and --speaker are exclusive: give one voice")
+    if prompt_text and not prompt_wav:
+        raise UsageError("--prompt-text is the transcript of --prompt-wav; give the recording too")
+    if speaker:
+        return Voice(VoicePrompt.from_speaker(vocalizer.frontend.speaker(speaker)))
+    if not prompt_wav:
+        return Voice(VoicePrompt.none())
+    text = (prompt_text or "").strip()
+    if not text:
+        rule = (f" (CosyVoice3 puts it after {ENDOFPROMPT}, e.g. '{CV3_DEFAULT_PROMPT}<transcript>')"
+                if vocalizer.kind == "cosyvoice3" else "")
+        raise UsageError(f"{names[0]} needs {names[1]}, the transcript of the recording{rule}")
+    if vocalizer.kind == "cosyvoice3" and ENDOFPROMPT not in text:
+        text = CV3_DEFAULT_PROMPT + text  # upstream's usual CosyVoice3 prompt text (example.py)
+    try:
+        prompt = vocalizer.frontend.prompt(prompt_wav, text)
+    except AudioError as exc:  # a bad voice prompt is a bad option value: refused before any output
+        raise UsageError(f"{names[0]}: {exc}") from exc
+    return Voice(VoicePrompt.from_prompt(prompt), text, tuple(int(t) for t in prompt.speech_tokens[0].tolist()))
+
+
+def audio_path(output_dir: Path, rid: str, fmt: AudioFormat) -> Path:
+    return output_dir / f"{rid}.{fmt}"
+
+
+def _with_voice(request: SynthesisRequest, voice: Voice) -> SynthesisRequest:
+    if request.prompt_text or request.prompt_tokens or not (voice.prompt_text or voice.prompt_tokens):
+        return request  # a manifest line's own prompt wins for the LLM stage
+    return replace(request, prompt_text=voice.prompt_text, prompt_tokens=voice.prompt_tokens)
+
+
+def _line_voice(vocalizer: Vocalizer, item: SpeechItem, run_voice: Voice,
+                cache: dict[tuple[str, str], Voice]) -> tuple[Voice, SynthesisRequest]:
+    """The voice of one line and its request with the LLM prompt filled in (AudioError / UsageError: bad line)."""
+    request = item.request
+    if request is None:
+        raise ValueError("a bad line has no voice")
+    if not item.prompt_wav:
+        return run_voice, _with_voice(request, run_voice)
+    key = (item.prompt_wav, request.prompt_text)
+    if key not in cache:
+        cache[key] = prepare_voice(vocalizer, item.prompt_wav, request.prompt_text, names=("prompt_wav", "prompt_text"))
+    voice = cache[key]
+    return voice, replace(request, prompt_text=voice.prompt_text,
+                          prompt_tokens=request.prompt_tokens or voice.prompt_tokens)
+
+
+def _render_one(synth: Synthesizer, vocalizer: Vocalizer, request: SynthesisRequest, where: str,
+                output_dir: Path, options: AudioOptions, voice: Voice) -> AudioOutcome:
+    t0 = time.perf_counter()
+    result = synth.synthesize(request)
+    llm_seconds = time.perf_counter() - t0
+    gen = request_generator(options.seed, request.id + _VOCODER_KEY, "cpu")
+    audio = vocalizer.render(result.tokens, voice.flow, gen, options.sample_rate)
+    path = audio_path(output_dir, request.id, options.format)
+    write_audio_atomic(path, encode_audio(audio.audio, audio.sample_rate, options.format))
+    return AudioOutcome(where, request.id, result, audio, path, llm_seconds)
+
+
+def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[SpeechItem], output_dir: Path,
+                        options: AudioOptions = AudioOptions(), voice: Voice | None = None, overwrite: bool = False,
+                        on_outcome: Callable[[AudioOutcome], None] | None = None) -> list[AudioOutcome]:
+    """Synthesize every good item whose audio file is missing (or all with ``overwrite``)."""
+    voice = voice or Voice(VoicePrompt.none())
+    cache: dict[tuple[str, str], Voice] = {}
+
+    def produce(it: SpeechItem) -> AudioOutcome:
+        line_voice, request = _line_voice(vocalizer, it, voice, cache)
+        return _render_one(synth, vocalizer, request, it.where, output_dir, options, line_voice)
+
+    return run_items(synth, items, lambda rid: audio_path(output_dir, rid, options.format).is_file(), overwrite,
+                     AudioOutcome, produce, (SynthesisInputError, RenderError, AudioError, UsageError), on_outcome)
+
+
+def audio_record(outcome: AudioOutcome) -> dict:
+    """The JSONL record of one utterance rendered to audio (the token record + audio and stage times)."""
+    if outcome.result is None or outcome.audio is None or outcome.path is None:
+        raise ValueError("only a rendered outcome has a record")
+    audio, rec = outcome.audio, result_record(outcome.result)
+    seconds = {"llm": outcome.llm_seconds, "flow": audio.flow_seconds, "vocoder": audio.vocoder_seconds}
+    seconds["total"] = sum(seconds.values())
+    dur = audio.duration
+    rec.update({
+        "audio": outcome.path.name, "sample_rate": audio.sample_rate, "duration_s": round(dur, 4),
+        "flow_tokens": audio.flow_tokens, "mel_frames": audio.mel_frames,
+        "seconds": {k: round(v, 4) for k, v in seconds.items()},
+        "rtf": {k: round(v / dur, 4) if dur else 0.0 for k, v in seconds.items()},
+    })
+    return rec

@@ -1,0 +1,91 @@
+"""Build a DSpark / DFlash / EAGLE-3 drafter for a speech-token (or any Qwen2) target.
+
+A drafter is a directory (speculators format or z-lab DFlash) given by path, or a name resolved
+offline as ``$SPECLI_MODELS_DIR/<name>`` (nothing is downloaded). Loading attaches the drafter's
+auxiliary layers to the target (converted to the target's layer-input convention), maps token ids
+when the directory records another layout, and wraps the module for the preset's strategy:
+``chain`` (plain), ``adaptive`` (confidence truncation), ``sparse-tree`` (alternatives at
+low-confidence slots) or ``recycling`` (rejected tails re-proposed; SpecASR).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from specli.core.drafters.base import Drafter, ModelDraftOptions
+from specli.core.drafters.llm.dflash import BlockDraftModule, BlockDrafter
+from specli.core.drafters.llm.eagle3 import Eagle3Drafter, Eagle3Module
+from specli.core.drafters.recycling import RecyclingDrafter
+from specli.core.drafters.llm.base import KINDS, SpeechDraftModule, attach_aux_layers, load_speech_drafter
+from specli.errors import ModelLoadError
+
+SpeechStrategy = Literal["chain", "adaptive", "sparse-tree", "recycling"]
+STRATEGIES: tuple[str, ...] = ("chain", "adaptive", "sparse-tree", "recycling")
+
+
+@dataclass(frozen=True)
+class SpeechDraftOptions:
+    """How a loaded block drafter proposes."""
+
+    strategy: SpeechStrategy = "chain"  # chain, adaptive, sparse-tree or recycling
+    confidence_threshold: float = 0.3  # adaptive: stop when the predicted survival falls below this
+    tree_topk: int = 2  # sparse-tree: alternatives at each low-confidence slot
+    tree_threshold: float = 0.6  # sparse-tree: slots below this drafter probability get alternatives
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, not {self.strategy!r}")
+        if not 0.0 <= self.confidence_threshold < 1.0 or not 0.0 <= self.tree_threshold <= 1.0 or self.tree_topk < 0:
+            raise ValueError("thresholds must be within [0, 1) and tree_topk >= 0")
+
+    def model_options(self) -> ModelDraftOptions:
+        return ModelDraftOptions(
+            confidence_threshold=self.confidence_threshold if self.strategy == "adaptive" else 0.0,
+            tree_topk=self.tree_topk if self.strategy == "sparse-tree" else 0,
+            tree_threshold=self.tree_threshold)
+
+
+def resolve_drafter_dir(name_or_dir: str) -> Path:
+    """A drafter directory by path, or ``$SPECLI_MODELS_DIR/<name>``; never downloads."""
+    path = Path(name_or_dir).expanduser()
+    if path.is_dir():
+        return _checked(path)
+    models = os.environ.get("SPECLI_MODELS_DIR")
+    if models and (Path(models) / name_or_dir).is_dir():
+        return _checked(Path(models) / name_or_dir)
+    where = f"$SPECLI_MODELS_DIR/{name_or_dir}" + ("" if models else " (SPECLI_MODELS_DIR is not set)")
+    raise ModelLoadError(f"drafter {name_or_dir!r}: no such directory and not found as {where}; "
+                         "specli never downloads: copy the drafter directory there")
+
+
+def _checked(path: Path) -> Path:
+    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"drafter {path}: needs config.json and *.safetensors")
+    return path
+
+
+def wrap(module: SpeechDraftModule, options: SpeechDraftOptions = SpeechDraftOptions()) -> Drafter:
+    """The drafter for a loaded module and a strategy."""
+    if isinstance(module, Eagle3Module):
+        drafter: Drafter = Eagle3Drafter(module, options.model_options())
+    elif isinstance(module, BlockDraftModule):
+        drafter = BlockDrafter(module, options.model_options())
+    else:
+        raise TypeError(f"not a block drafter module: {type(module).__name__}")
+    return RecyclingDrafter(drafter) if options.strategy == "recycling" else drafter
+
+
+def load_drafter(name_or_dir: str, target, options: SpeechDraftOptions = SpeechDraftOptions(),
+                 kind: str | None = None, layout=None) -> Drafter:
+    """Load a drafter directory for ``target`` (checks ``kind`` when given), attach its layers, wrap it."""
+    module = load_speech_drafter(resolve_drafter_dir(name_or_dir), target, layout)
+    if kind is not None and kind in KINDS and module.config.kind != kind:
+        raise ModelLoadError(f"drafter {name_or_dir!r} is a {module.config.kind} drafter, the preset expects {kind}")
+    try:
+        attach_aux_layers(target, module.config)
+    except ValueError as exc:
+        raise ModelLoadError(f"drafter {name_or_dir!r}: {exc}") from exc
+    return wrap(module, options)

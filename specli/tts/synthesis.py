@@ -1,0 +1,291 @@
+"""Text -> CosyVoice speech tokens, one utterance at a time (beside ``transcription.py``).
+
+For each request: tokenize prompt text and text (CosyVoice3 needs ``<|endofprompt|>``; a request
+with neither a prompt text nor the marker in its text gets upstream's ``"You are a helpful
+assistant.<|endofprompt|>"`` as prompt text, not counted in the length limits), build the
+LM input ``[sos] + text + [task] + prompt speech tokens`` as input-layout ids, derive
+``min_len = 2 x`` / ``max_len = 20 x`` the text tokens, build the sampler's pure logit rules
+(:func:`specli.core.sampling.build_sampler`, every stop id merged into eos) and decode with
+``greedy_decode`` (AR) or ``speculative_decode`` (a drafter; lossless for the chosen sampler). Each
+request draws from its own generator seeded from ``(seed, request id)``.
+
+:meth:`Synthesizer.synthesize_batch` decodes several requests together (continuous batching,
+``core/batched.py``) with the same per-request rules, generator and verification, so a request's
+tokens do not depend on the batch size or on the other requests: a model drafter (DSpark / DFlash /
+EAGLE-3) drafts each row from that row's own states; the n-gram pool drafter shares the run's pool only
+with the greedy sampler (drafts never change greedy tokens); with a sampler each
+request drafts from its own tokens only, because sampled speculative tokens depend on the drafts (the
+random draws are the same, the accept tests differ). The one exception is a near-tie: batched matrix
+products can move a logit by ~1e-7, which flips a greedy top-2 tie or a sample whose uniform lies that
+close to a boundary of the sampler's CDF (tests/test_synthesis_batch.py checks every difference is one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specli.core.batched import RowJob, decode_all
+from specli.core.drafters.batched import PerRowDrafters
+from specli.core.drafters.ngram import NgramDrafter, NgramPool
+from specli.core.greedy import greedy_decode
+from specli.core.device import resolve_device
+from specli.core.sampling import SamplerOptions, build_sampler, default_options, request_generator
+from specli.core.speculative import SpecOptions, speculative_decode
+from specli.tts.drafting import SpeechDraftOptions, load_drafter, wrap
+from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
+from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT, TextTokenizerError
+from specli.core.types import DecodeResult, DecodeStats
+from specli.errors import SpecliError
+from specli.presets.synthesis import SynthesisPreset
+
+
+class SynthesisInputError(SpecliError):
+    """One request cannot be synthesized (empty, too long, untokenizable, bad prompt); the batch goes on."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """One utterance to speak."""
+
+    id: str  # output name and generator key
+    text: str  # the text to speak
+    prompt_text: str = ""  # transcript of the prompt speech (CosyVoice3: must contain <|endofprompt|>)
+    prompt_tokens: tuple[int, ...] = ()  # speech tokens of the prompt audio (zero-shot voice)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("a synthesis request needs an id")
+        object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request turned into LM input ids and length limits."""
+
+    prompt: list[int]  # input-layout ids: [sos] + text + [task] + prompt speech tokens
+    text_tokens: int  # tokens of the text to speak (prompt text not counted)
+    min_len: int  # fewer generated tokens cannot stop (upstream's masking rule)
+    max_len: int  # most generated tokens
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    """How speech tokens are generated."""
+
+    sampler: SamplerOptions = SamplerOptions("ras")  # ras / vllm / greedy and their settings
+    seed: int = 0  # run seed; each request's generator is seeded from (seed, request id)
+    drafter: str = "none"  # none = plain AR; pool = n-gram pool over earlier outputs (chain); dspark / dflash /
+    # eagle3 = that kind of drafter from draft_dir; model = any drafter directory (kind read from its config)
+    max_draft: int = 8  # most draft tokens per target forward
+    ngram: int = 4  # pool: longest suffix matched
+    draft_dir: str = ""  # dspark / dflash / eagle3 / model: drafter directory or a name under $SPECLI_MODELS_DIR
+    draft_options: SpeechDraftOptions = SpeechDraftOptions()  # their strategy (chain, adaptive, sparse-tree, recycling)
+
+    def __post_init__(self) -> None:
+        if self.drafter not in ("none", "pool", "dspark", "dflash", "eagle3", "model"):
+            raise ValueError(f"unknown synthesis drafter {self.drafter!r} (none, pool, dspark, dflash, eagle3, model)")
+        if self.drafter not in ("none", "pool") and not self.draft_dir:
+            raise ValueError(f"drafter {self.drafter!r} needs a drafter directory")
+        if not 1 <= self.max_draft <= 64 or self.ngram < 1:
+            raise ValueError("max_draft must be within 1..64 and ngram >= 1")
+
+
+@dataclass(frozen=True)
+class SynthesisResult:
+    """The speech tokens of one request and how they were decoded."""
+
+    id: str  # the request's id
+    text: str  # the text spoken
+    tokens: list[int]  # generated speech tokens (stop token excluded)
+    text_tokens: int  # text tokens (prompt text not counted)
+    min_len: int  # minimum generated tokens
+    max_len: int  # maximum generated tokens
+    finished: bool  # True when a stop token ended it, False when max_len did
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+def prepare(model: CosyVoiceModel, request: SynthesisRequest) -> PreparedRequest:
+    """Tokenize and lay out one request; :class:`SynthesisInputError` says what is wrong with it."""
+    spec, tok = model.spec, model.tokenizer
+    if not request.text.strip():
+        raise SynthesisInputError("empty text")
+    try:
+        text = tok.encode(request.text)
+        prompt_text = request.prompt_text
+        if spec.kind == "cosyvoice3" and not prompt_text and tok.endofprompt not in text:
+            prompt_text = CV3_DEFAULT_PROMPT  # as prompt text: not counted in the length limits
+        ptext = tok.encode(prompt_text) if prompt_text else []
+    except TextTokenizerError as exc:
+        raise SynthesisInputError(str(exc)) from exc
+    if not text:
+        raise SynthesisInputError("the text has no tokens")
+    if spec.kind == "cosyvoice3" and tok.endofprompt not in (*ptext, *text):
+        raise SynthesisInputError(f"CosyVoice3 needs {ENDOFPROMPT} in the prompt text "
+                                  f"(e.g. '{CV3_DEFAULT_PROMPT}<transcript>')")
+    try:
+        prompt = model.lm.layout.prompt(text, ptext, request.prompt_tokens)
+    except ValueError as exc:
+        raise SynthesisInputError(str(exc)) from exc
+    min_len, max_len = spec.lengths(len(text))
+    limit = model.lm.qwen.dims.max_positions
+    if len(prompt) + max_len + 2 > limit:
+        raise SynthesisInputError(f"too long: {len(text)} text tokens allow {max_len} speech tokens, and with "
+                                  f"the {len(prompt)}-token prompt that exceeds the model's {limit} positions")
+    return PreparedRequest(prompt, len(text), min_len, max_len)
+
+
+class OwnTokensDrafter(NgramDrafter):
+    """The n-gram drafter over the request's own tokens only: each ``start`` begins with an empty pool, so a
+    request's drafts (and so its sampled tokens) do not depend on the requests decoded before it."""
+
+    def start(self, state, prompt: list[int]) -> None:
+        super().start(state, prompt)
+        self.pool = NgramPool(self.pool.max_ngram)
+
+
+class Synthesizer:
+    """A loaded CosyVoice LM, its sampler and (optionally) a drafter, reused across requests."""
+
+    def __init__(self, model: CosyVoiceModel, options: SynthesisOptions = SynthesisOptions()) -> None:
+        self.model, self.options = model, options
+        eos = model.spec.eos
+        self.drafter = NgramDrafter(NgramPool(options.ngram), eos) if options.drafter == "pool" else None
+        if options.drafter not in ("none", "pool"):  # loads the drafter and attaches its layers to the LM
+            kind = None if options.drafter == "model" else options.drafter
+            self.drafter = load_drafter(options.draft_dir, model.lm, options.draft_options, kind)
+
+    def _job(self, key: object, request: SynthesisRequest, prep: PreparedRequest, device: torch.device) -> RowJob:
+        """The decode of one prepared request: its sampler's rules and parameters, its own generator."""
+        spec, opts = self.model.spec, self.options
+        rules, params = build_sampler(opts.sampler, prompt_tokens=request.prompt_tokens,
+                                      stop_ids=list(spec.stop_ids), min_len_mask_id=spec.min_length_mask_id,
+                                      min_len=prep.min_len, stop_into=spec.eos)
+        return RowJob(key, None, prep.prompt, rules, spec.eos, prep.max_len, sampling=params,
+                      generator=request_generator(opts.seed, request.id, device))
+
+    def _row_drafter(self, greedy: bool):
+        """The drafter of one request. The pool drafter shares the run's pool only when greedy (see the module doc)."""
+        if not isinstance(self.drafter, NgramDrafter) or greedy:
+            return self.drafter
+        return OwnTokensDrafter(NgramPool(self.options.ngram), self.model.spec.eos)
+
+    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
+        """Speech tokens for ``request`` (raises :class:`SynthesisInputError` for a bad request)."""
+        prep = prepare(self.model, request)
+        lm, opts = self.model.lm, self.options
+        state = lm.start(len(prep.prompt) + prep.max_len + 2)
+        job = self._job(request.id, request, prep, state.cache.device)
+        args = (lm, state, prep.prompt, job.rules, job.eot, prep.max_len)
+        drafter = self._row_drafter(job.sampling.greedy)
+        if drafter is None:
+            res = greedy_decode(*args, sampling=job.sampling, generator=job.generator)
+        else:
+            res = speculative_decode(*args, drafter=drafter, generator=job.generator,
+                                     options=SpecOptions(max_draft=opts.max_draft, sampling=job.sampling))
+        return _result(request, prep, res)
+
+    def synthesize_batch(self, requests: Sequence[SynthesisRequest], batch_size: int
+                         ) -> Iterator[tuple[int, SynthesisResult | SynthesisInputError]]:
+        """Every request, up to ``batch_size`` decoding together (rows join as others finish): ``(index,
+        error)`` for a bad request first, then ``(index, result)`` as rows finish. A request's tokens are
+        :meth:`synthesize`'s (see the module doc for near-ties)."""
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        device = self.model.lm.qwen.device
+        jobs, preps = [], {}
+        for i, request in enumerate(requests):
+            try:
+                preps[i] = prepare(self.model, request)
+            except SynthesisInputError as exc:
+                yield i, exc
+                continue
+            jobs.append(self._job(i, request, preps[i], device))
+        if not jobs:
+            return
+        longest = max(len(j.prompt) + j.max_new_tokens + 2 for j in jobs)
+        drafter = self._batch_drafter(jobs[0].sampling.greedy)  # one sampler a run
+        for i, res in decode_all(self.model.lm, jobs, batch_size, longest, drafter=drafter,
+                                 options=SpecOptions(max_draft=self.options.max_draft)):
+            yield i, _result(requests[i], preps[i], res)
+
+    def _batch_drafter(self, greedy: bool) -> PerRowDrafters | None:
+        """One drafter per row of a batch: pool drafters as :meth:`_row_drafter`'s, a model drafter's module
+        wrapped again (rows share its weights, each keeps its own drafting state)."""
+        if self.drafter is None:
+            return None
+        if isinstance(self.drafter, NgramDrafter):
+            self.drafter.finish_window()  # a request decoded before by synthesize() joins the pool
+            pool, eos = self.drafter.pool, self.model.spec.eos
+            return PerRowDrafters(lambda: NgramDrafter(pool, eos) if greedy else self._row_drafter(False))
+        module = getattr(self.drafter, "inner", self.drafter).module  # under RecyclingDrafter's wrapper
+        return PerRowDrafters(lambda: wrap(module, self.options.draft_options))
+
+    def finish(self) -> None:
+        """Add the last request's output to the drafter's pool (end of a run)."""
+        if isinstance(self.drafter, NgramDrafter):
+            self.drafter.finish_window()
+
+
+def _result(request: SynthesisRequest, prep: PreparedRequest, res: DecodeResult) -> SynthesisResult:
+    return SynthesisResult(request.id, request.text, list(res.tokens), prep.text_tokens, prep.min_len, prep.max_len,
+                           res.finished, res.stats)
+
+
+def synthesize(model: CosyVoiceModel, requests: Sequence[SynthesisRequest],
+               options: SynthesisOptions = SynthesisOptions()) -> list[SynthesisResult]:
+    """Speech tokens for every request, in order (a bad request raises)."""
+    synth = Synthesizer(model, options)
+    return [synth.synthesize(r) for r in requests]
+
+
+def sampler_options(name: str, model: CosyVoiceModel, temperature: float | None = None, top_p: float | None = None,
+                    top_k: int | None = None, repetition_penalty: float | None = None) -> SamplerOptions:
+    """The sampler's settings: given values, else the model yaml's RAS settings (ras) or the published
+    SpeechSpec settings for this model (vllm), else the sampler's defaults."""
+    given = (temperature, top_p, top_k, repetition_penalty)
+    if name == "vllm" and all(v is None for v in given):
+        return default_options("vllm", model.spec.kind)
+    if name == "ras":
+        ras = model.spec.ras
+        return SamplerOptions("ras", temperature, ras.top_p if top_p is None else top_p,
+                              ras.top_k if top_k is None else top_k, repetition_penalty,
+                              win_size=ras.win_size, tau_r=ras.tau_r)
+    return SamplerOptions(name, *given)  # type: ignore[arg-type]
+
+
+def load_synthesizer(preset: SynthesisPreset, model: str | None = None, draft: str | None = None,
+                     sampler: str | None = None, temperature: float | None = None, top_p: float | None = None,
+                     top_k: int | None = None, repetition_penalty: float | None = None, seed: int = 0,
+                     device: str | None = None) -> Synthesizer:
+    """Load the preset's CosyVoice LM (or ``model``) on ``device`` (default: the preset's) and build its
+    synthesizer; arguments override the preset."""
+    loaded = load_cosyvoice(model or preset.model, preset.dtype, device=resolve_device(device or preset.device))
+    return build_synthesizer(preset, loaded, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed)
+
+
+def build_synthesizer(preset: SynthesisPreset, loaded: CosyVoiceModel, draft: str | None = None,
+                      sampler: str | None = None, temperature: float | None = None, top_p: float | None = None,
+                      top_k: int | None = None, repetition_penalty: float | None = None, seed: int = 0
+                      ) -> Synthesizer:
+    """A synthesizer for ``preset`` over an already loaded model (a new drafter pool each call).
+
+    Sampler settings are not mixed across samplers: the preset's temperature / top-p / top-k /
+    penalty apply only when the sampler is the preset's own.
+    """
+    name = sampler or preset.sampler
+    own = name == preset.sampler
+    pick = lambda cli, pre: cli if cli is not None else (pre if own else None)  # noqa: E731
+    opts = sampler_options(name, loaded, pick(temperature, preset.temperature), pick(top_p, preset.top_p),
+                           pick(top_k, preset.top_k), pick(repetition_penalty, preset.repetition_penalty))
+    drafter, draft_dir = draft or preset.drafter, preset.draft_dir
+    if drafter not in ("none", "pool", "dspark", "dflash", "eagle3"):  # --draft DIR: a drafter directory or name
+        drafter, draft_dir = "model", drafter
+    model_drafter = drafter not in ("none", "pool")
+    strategy = preset.strategy if preset.strategy not in ("ar", "chain") and model_drafter else "chain"
+    dopts = SpeechDraftOptions(strategy, preset.confidence_threshold, preset.tree_topk, preset.tree_threshold)
+    return Synthesizer(loaded, SynthesisOptions(opts, seed, drafter, preset.max_draft, preset.ngram, draft_dir, dopts))

@@ -26,6 +26,7 @@ from specli.asr.drafters.eagle import load_head
 from specli.asr.drafters.eagle_batched import BatchedEagleDrafter
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob, Probe
 from specli.core.speculative import SpecOptions
 from specli.models.whisper.loader import load_whisper
 from specli.models.whisper.rules import WhisperLogitRules
@@ -62,12 +63,13 @@ def main() -> None:
 
     def job(i: int) -> RowJob:
         c = i % enc.shape[0]
-        return RowJob(i, enc[c : c + 1], prompt, rules, sp.eot, args.max_new, sp.no_speech)
+        return RowJob(i, enc[c : c + 1], DecodeJob(tuple(prompt), rules, sp.eot, args.max_new,
+                                                   probe=Probe(prompt.index(sp.sot), sp.no_speech)))
 
     t0, tokens = time.perf_counter(), 0
     for i in range(4):
         j = job(i)
-        tokens += greedy_decode(target, target.start(j.context), j.prompt, rules, sp.eot, args.max_new).stats.tokens
+        tokens += greedy_decode(target, target.start(j.context), j.job).stats.tokens
     print(f"{args.model} threads={args.threads} max_new={args.max_new}")
     print(f"greedy_decode batch 1: {tokens / (time.perf_counter() - t0):7.1f} tokens/s")
     for b in args.batch_sizes:

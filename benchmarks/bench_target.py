@@ -19,6 +19,7 @@ import transformers
 
 from specli.io.audio import load_audio, window_features
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob
 from specli.models.whisper.compiled import compile_encoder
 from specli.models.whisper.loader import load_whisper
 from specli.models.whisper.rules import WhisperLogitRules
@@ -77,7 +78,8 @@ def main() -> None:
     feats = window_features(load_audio(args.clip), target.dims.n_mels)
     prompt = sp.prompt("en")
     enc = target.encode(feats)
-    tokens = greedy_decode(target, target.start(enc), prompt, WhisperLogitRules.for_model(sp), sp.eot, 224).tokens
+    job = DecodeJob(tuple(prompt), WhisperLogitRules.for_model(sp), sp.eot, 224)
+    tokens = greedy_decode(target, target.start(enc), job).tokens
     compiled = compile_encoder(target) if args.compile else None
     lean_enc, hf_enc, lean_step, hf_step, comp_enc = [], [], [], [], []
     for _ in range(args.repeats):  # interleaved: A B A B ...

@@ -65,13 +65,14 @@ class SpecliSide:
         import torch
 
         from specli.core.greedy import greedy_decode
+        from specli.core.job import DecodeJob
         from specli.models.whisper.rules import WhisperLogitRules
 
         sp, target = self.model.special, self.model.target
         enc = target.encode(torch.from_numpy(mel))
         rules = WhisperLogitRules.for_model(sp)
         t0 = time.perf_counter()
-        res = greedy_decode(target, target.start(enc), sp.prompt(self.lang), rules, sp.eot, 224)
+        res = greedy_decode(target, target.start(enc), DecodeJob(tuple(sp.prompt(self.lang)), rules, sp.eot, 224))
         return (time.perf_counter() - t0) / res.stats.tokens
 
 

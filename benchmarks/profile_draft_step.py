@@ -45,6 +45,7 @@ from specli.io.audio import window_features
 from specli.core.drafters.base import DraftRequest, ModelDraftOptions
 from specli.asr.drafters.eagle import EagleDrafter, load_head
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob
 from specli.core.logits import filter_logits
 from specli.models.whisper.loader import load_whisper
 from specli.models.whisper.rules import WhisperLogitRules
@@ -139,9 +140,10 @@ def profile(dtype: str, args, baseline) -> list[tuple[str, dict]]:
     state = target.start(target.encode(mel), features=mel)
     prompt = sp.prompt("en", "transcribe", False)
     rules = WhisperLogitRules.for_model(sp)
-    greedy_decode(target, target.start(state.audio_features), prompt, rules, sp.eot, args.max_new)  # warm-up
+    job = DecodeJob(tuple(prompt), rules, sp.eot, args.max_new)
+    greedy_decode(target, target.start(state.audio_features), job)  # warm-up
     t0 = CLOCK()
-    ar = greedy_decode(target, target.start(state.audio_features), prompt, rules, sp.eot, args.max_new)
+    ar = greedy_decode(target, target.start(state.audio_features), job)
     step_ms = (CLOCK() - t0) / ar.stats.target_forwards * 1000  # plain decoding's cost per target step
     tokens = prompt + ar.tokens
     reqs = requests(model, state, tokens, len(prompt), args.draft, rules)

@@ -31,6 +31,7 @@ from specli.asr.drafters.model import ModelDrafter
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core import speculative
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob, Probe
 from specli.core.logits import SamplingParams, filter_logits
 from specli.core.speculative import SpecOptions
 from specli.core.types import LogitRules
@@ -72,35 +73,33 @@ def _jobs(rows) -> list[RowJob]:
         w = window(TARGET, audio_seed)
         before = [1, *prev[0]] if prev and prev[0] else []  # <|startofprev|> and the previous text
         prompt = [*before, SOT, *extra] + ([] if timestamps else [NO_TS])
-        jobs.append(RowJob(key, (w.audio_features, w.features), prompt, EotAfter(tiny_rules(timestamps), eot_after),
-                           EOT, max_new, no_speech=1, sot_index=len(before)))
+        job = DecodeJob(prompt, EotAfter(tiny_rules(timestamps), eot_after), EOT, max_new, probe=Probe(len(before), 1))
+        jobs.append(RowJob(key, (w.audio_features, w.features), job))
     return jobs
 
 
 def _batch1(target, job: RowJob, state):
-    return greedy_decode(target, state, job.prompt, job.rules, job.eot, job.max_new_tokens, job.no_speech,
-                         job.sot_index)
+    return greedy_decode(target, state, job.job)
 
 
 def test_no_speech_prob_when_sot_ends_a_prompt_with_previous_text():
     """sot last in the prompt (previous text, timestamps on): its row is scored in the first decoding
     step, after the prefill; batch-1 speculative and batched decoding read it there, as greedy does."""
-    job = _jobs([(4, [], True, 6, 30, [7, 8, 9])])[0]
-    assert job.sot_index == len(job.prompt) - 1 > 0
-    ref = _batch1(TARGET, job, window(TARGET, 4))
-    assert ref.no_speech_prob > 0
-    spec = speculative.speculative_decode(TARGET, window(TARGET, 4), job.prompt, job.rules, EOT, 6, 1, job.sot_index,
-                                          drafter=AlwaysWrongDrafter())
-    assert spec.no_speech_prob == pytest.approx(ref.no_speech_prob, abs=1e-6)
-    (_key, got), = decode_all(TARGET, [job], 1)
-    assert got.no_speech_prob == pytest.approx(ref.no_speech_prob, abs=1e-6)
+    row = _jobs([(4, [], True, 6, 30, [7, 8, 9])])[0]
+    assert row.job.probe.index == len(row.job.prompt) - 1 > 0
+    ref = _batch1(TARGET, row, window(TARGET, 4))
+    assert ref.probed > 0
+    spec = speculative.speculative_decode(TARGET, window(TARGET, 4), row.job, AlwaysWrongDrafter())
+    assert spec.probed == pytest.approx(ref.probed, abs=1e-6)
+    (_key, got), = decode_all(TARGET, [row], 1)
+    assert got.probed == pytest.approx(ref.probed, abs=1e-6)
 
 
 def _same(got, ref) -> None:
     assert got.tokens == ref.tokens
     assert got.finished == ref.finished
     assert got.sum_logprob == pytest.approx(ref.sum_logprob, abs=1e-3)
-    assert got.no_speech_prob == pytest.approx(ref.no_speech_prob, abs=1e-5)
+    assert got.probed == pytest.approx(ref.probed, abs=1e-5)
     assert got.stats.tokens == ref.stats.tokens
 
 
@@ -197,7 +196,7 @@ def test_eot_inside_an_accepted_prefix_ends_the_row():
     ar = dict(decode_all(TARGET, jobs, 3))
     assert all(r.finished for r in ar.values())
     assert len({len(r.tokens) for r in ar.values()}) == 5  # rows finish at different steps
-    refs = {tuple(j.prompt): ar[j.key].tokens for j in jobs}
+    refs = {j.job.prompt: ar[j.key].tokens for j in jobs}
     made: list[OracleDrafter] = []
 
     def make() -> OracleDrafter:
@@ -235,15 +234,15 @@ def test_rows_join_and_leave_between_steps():
 
 def test_max_new_tokens_and_row_length_limits():
     w = window(TARGET, 1)
-    ok = RowJob("a", w.audio_features, [SOT, NO_TS], tiny_rules(), EOT, 1)
+    ok = RowJob("a", w.audio_features, DecodeJob([SOT, NO_TS], tiny_rules(), EOT, 1))
     (key, res), = decode_all(TARGET, [ok], 2)
     assert key == "a" and len(res.tokens) + int(res.finished) == 1
     with pytest.raises(ValueError, match="positions of a row"):
-        BatchDecoder(TARGET, 2, max_len=20).add(RowJob("b", w.audio_features, [SOT] * 5, None, EOT, 16))
+        BatchDecoder(TARGET, 2, max_len=20).add(RowJob("b", w.audio_features, DecodeJob([SOT] * 5, None, EOT, 16)))
     with pytest.raises(ValueError, match="max_new_tokens"):
-        RowJob("c", None, [SOT], None, EOT, 0)
+        RowJob("c", None, DecodeJob([SOT], None, EOT, 0))
     with pytest.raises(ValueError, match="prompt"):
-        RowJob("c", None, [], None, EOT, 3)
+        RowJob("c", None, DecodeJob([], None, EOT, 3))
 
 
 # ------------------------------------------- sampling: each row follows its own target distribution
@@ -266,9 +265,9 @@ def _first_tokens(runs: int, drafter) -> dict[str, torch.Tensor]:
     for i in range(runs):
         for k, (kind, (prompt, rules, temperature, audio)) in enumerate(KINDS.items()):
             w = window(TARGET, audio)
-            jobs.append(RowJob((kind, i), (w.audio_features, w.features), prompt, rules, EOT, 2,
-                               sampling=SamplingParams(temperature=temperature),
-                               generator=torch.Generator().manual_seed(2 * i + k)))
+            job = DecodeJob(prompt, rules, EOT, 2, sampling=SamplingParams(temperature=temperature),
+                            generator=torch.Generator().manual_seed(2 * i + k))
+            jobs.append(RowJob((kind, i), (w.audio_features, w.features), job))
     counts = {kind: torch.zeros(VOCAB) for kind in KINDS}
     for (kind, _i), res in decode_all(TARGET, jobs, 4, drafter=drafter, options=SpecOptions(max_draft=2)):
         counts[kind][res.tokens[0] if res.tokens else EOT] += 1

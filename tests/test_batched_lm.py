@@ -21,6 +21,7 @@ from specli.core.drafters.base import DraftProposal
 from specli.core.drafters.batched import PerRowDrafters
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob
 from specli.core.sampling import SamplerOptions, build_sampler
 from specli.core.speculative import SpecOptions
 from specli.tts.synthesis import SynthesisOptions, SynthesisRequest, Synthesizer, prepare
@@ -77,7 +78,8 @@ ROW = st.tuples(st.lists(st.integers(0, 500), min_size=1, max_size=9), st.intege
 
 
 def _jobs(rows) -> list[RowJob]:
-    return [RowJob(k, None, prompt, EosAfter(after), EOS, max_new) for k, (prompt, max_new, after) in enumerate(rows)]
+    return [RowJob(k, None, DecodeJob(prompt, EosAfter(after), EOS, max_new))
+            for k, (prompt, max_new, after) in enumerate(rows)]
 
 
 @settings(max_examples=6, deadline=None)
@@ -90,7 +92,7 @@ def test_qwen2_batched_greedy_equals_batch1_and_speculative_equals_ar(rows, capa
     drafters = {"ngram": PerRowDrafters(lambda: NgramDrafter(pool, EOS)),
                 "random": PerRowDrafters(lambda: RandomChainDrafter(seed))}
     for job in jobs:
-        ref = greedy_decode(QWEN, QWEN.start(MAX_LEN), job.prompt, job.rules, EOS, job.max_new_tokens)
+        ref = greedy_decode(QWEN, QWEN.start(MAX_LEN), job.job)
         assert ar[job.key].tokens == ref.tokens
         assert ar[job.key].finished == ref.finished
         assert ar[job.key].sum_logprob == pytest.approx(ref.sum_logprob, abs=1e-3)
@@ -106,7 +108,7 @@ def test_decoder_only_batch_needs_a_row_length():
     with pytest.raises(ValueError, match="max_len"):
         list(decode_all(QWEN, _jobs([([1, 2], 3, 0)]), 2))
     with pytest.raises(ValueError, match="no context"):
-        list(decode_all(QWEN, [RowJob(0, "ctx", [1], None, EOS, 2)], 1, MAX_LEN))
+        list(decode_all(QWEN, [RowJob(0, "ctx", DecodeJob([1], None, EOS, 2))], 1, MAX_LEN))
 
 
 @pytest.mark.parametrize("kind", ["cosyvoice2", "cosyvoice3"])
@@ -125,9 +127,9 @@ def test_cosyvoice_batched_greedy_with_per_row_min_length_equals_synthesizer(tmp
         rules, params = build_sampler(SamplerOptions("greedy"), stop_ids=list(spec.stop_ids),
                                       min_len_mask_id=spec.min_length_mask_id, min_len=prep.min_len,
                                       stop_into=spec.eos)
-        jobs.append(RowJob(r.id, None, prep.prompt, rules, spec.eos, prep.max_len, sampling=params))
+        jobs.append(RowJob(r.id, None, DecodeJob(prep.prompt, rules, spec.eos, prep.max_len, sampling=params)))
         longest = max(longest, len(prep.prompt) + prep.max_len + 2)
-    assert len({j.rules.min_len for j in jobs}) > 1  # rows carry different min-length masks
+    assert len({j.job.rules.min_len for j in jobs}) > 1  # rows carry different min-length masks
     got = dict(decode_all(model.lm, jobs, 3, longest))
     pool = NgramPool(4)
     spec_got = dict(decode_all(model.lm, jobs, 3, longest, drafter=PerRowDrafters(lambda: NgramDrafter(pool, spec.eos)),
@@ -162,7 +164,7 @@ def test_ragged_tree_scoring_equals_batch1_scoring(seed):
         view = QWEN.row_state(state, b)
         QWEN.score(view, torch.tensor([ctx[:-1]]))
         state.cache.set_length(b, view.cache.length)
-        rows.append(_Row(RowJob(b, None, ctx, None, EOS, 4), ctx, None, None))
+        rows.append(_Row(RowJob(b, None, DecodeJob(ctx, None, EOS, 4)), ctx, None, None))
     out = QWEN.score(state, *_batch_inputs(rows, proposals, state.cache.lengths, state.cache.device))
     for b, (ctx, proposal) in enumerate(zip(contexts, proposals)):
         alone = QWEN.start(32)

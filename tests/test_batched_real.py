@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import EN_CLIPS, ES_CLIPS
+from specli.core.job import DecodeJob, Probe
 from specli.io.audio import N_SAMPLES, load_audio, window_features
 from specli.core.batched import RowJob, decode_all
 from specli.core.drafters.batched import PerRowDrafters
@@ -36,8 +37,8 @@ def _jobs(model, enc) -> list[RowJob]:
     sp = model.special
     rules = WhisperLogitRules.for_model(sp, timestamps=True)
     prompt = sp.prompt(None, timestamps=True)
-    return [RowJob(i, enc[i : i + 1], prompt, rules, sp.eot, 224 - len(prompt), sp.no_speech, 0)
-            for i in range(enc.shape[0])]
+    job = DecodeJob(prompt, rules, sp.eot, 224 - len(prompt), probe=Probe(0, sp.no_speech))
+    return [RowJob(i, enc[i : i + 1], job) for i in range(enc.shape[0])]
 
 
 def test_real_batched_ar_equals_batch1_and_speculative_equals_ar(windows):
@@ -45,12 +46,11 @@ def test_real_batched_ar_equals_batch1_and_speculative_equals_ar(windows):
     target, jobs = model.target, _jobs(model, enc)
     ar = dict(decode_all(target, jobs, 3))
     for job in jobs:
-        ref = greedy_decode(target, target.start(job.context), job.prompt, job.rules, job.eot, job.max_new_tokens,
-                            job.no_speech, job.sot_index)
+        ref = greedy_decode(target, target.start(job.context), job.job)
         assert ar[job.key].tokens == ref.tokens
         assert ar[job.key].finished and ref.finished
         assert ar[job.key].sum_logprob == pytest.approx(ref.sum_logprob, abs=1e-2)
-        assert ar[job.key].no_speech_prob == pytest.approx(ref.no_speech_prob, abs=1e-4)
+        assert ar[job.key].probed == pytest.approx(ref.probed, abs=1e-4)
     assert len({len(r.tokens) for r in ar.values()}) > 1  # rows of different lengths
     head = load_head("whisper-tiny.en-eagle", target)
     pool = NgramPool(4)
@@ -75,12 +75,12 @@ def test_real_whisper_base_batched_equals_batch1_in_two_languages(whisper_models
     for i, clip in enumerate(clips):
         timestamps = i % 2 == 0
         prompt = sp.prompt("es" if clip in ES_CLIPS else "en", timestamps=timestamps)
-        jobs.append(RowJob(i, enc[i : i + 1], prompt, WhisperLogitRules.for_model(sp, timestamps=timestamps), sp.eot,
-                           224 - len(prompt), sp.no_speech, 0))
+        rules = WhisperLogitRules.for_model(sp, timestamps=timestamps)
+        jobs.append(RowJob(i, enc[i : i + 1], DecodeJob(prompt, rules, sp.eot, 224 - len(prompt),
+                                                        probe=Probe(0, sp.no_speech))))
     ar = dict(decode_all(target, jobs, 4))
     for job in jobs:
-        ref = greedy_decode(target, target.start(job.context), job.prompt, job.rules, job.eot, job.max_new_tokens,
-                            job.no_speech, job.sot_index)
+        ref = greedy_decode(target, target.start(job.context), job.job)
         assert ar[job.key].tokens == ref.tokens
     spec = dict(decode_all(target, jobs, 4, drafter=BatchedEagleDrafter(load_head("whisper-base-eagle", target), 4),
                            options=SpecOptions(max_draft=6)))

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from conftest import EN_CLIPS
-from specli.core.beam import beam_decode
+from specli.core.beam import BeamOptions, beam_decode
 from specli.asr.fallback import rank_score
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob
 from specli.core.logits import filter_logits
 from tiny_models import EOT, NO_TS, SOT, tiny_rules, tiny_target, window
 
@@ -35,8 +36,8 @@ def _rescored(target, audio: int, prompt: list[int], tokens: list[int], finished
 @pytest.mark.parametrize("seed,audio,timestamps", SETUPS)
 def test_beam_one_is_greedy(seed, audio, timestamps):
     target, rules, prompt = tiny_target(seed), tiny_rules(timestamps), _prompt(timestamps)
-    ref = greedy_decode(target, window(target, audio), prompt, rules, EOT, 20)
-    out = beam_decode(target, window(target, audio), prompt, rules, EOT, 20, beam_size=1)
+    ref = greedy_decode(target, window(target, audio), DecodeJob(prompt, rules, EOT, 20))
+    out = beam_decode(target, window(target, audio), DecodeJob(prompt, rules, EOT, 20), BeamOptions(beam_size=1))
     assert out.tokens == ref.tokens and out.finished == ref.finished
     assert out.sum_logprob == pytest.approx(ref.sum_logprob, abs=1e-3)
 
@@ -46,7 +47,7 @@ def test_every_hypothesis_keeps_its_own_cache_rows(seed, audio, timestamps):
     """The winner's log-probability, accumulated over reordered batch rows, equals a fresh re-score."""
     target, rules, prompt = tiny_target(seed), tiny_rules(timestamps), _prompt(timestamps)
     for beam in (2, 4):
-        out = beam_decode(target, window(target, audio), prompt, rules, EOT, 20, beam_size=beam)
+        out = beam_decode(target, window(target, audio), DecodeJob(prompt, rules, EOT, 20), BeamOptions(beam_size=beam))
         assert out.sum_logprob == pytest.approx(_rescored(target, audio, prompt, out.tokens, out.finished, rules),
                                                 abs=1e-3)
 
@@ -55,8 +56,8 @@ def test_wider_beams_rank_at_least_as_high_as_greedy():
     better = 0
     for seed, audio, timestamps in SETUPS:
         target, rules, prompt = tiny_target(seed), tiny_rules(timestamps), _prompt(timestamps)
-        ref = greedy_decode(target, window(target, audio), prompt, rules, EOT, 20)
-        out = beam_decode(target, window(target, audio), prompt, rules, EOT, 20, beam_size=5)
+        ref = greedy_decode(target, window(target, audio), DecodeJob(prompt, rules, EOT, 20))
+        out = beam_decode(target, window(target, audio), DecodeJob(prompt, rules, EOT, 20), BeamOptions(beam_size=5))
         assert rank_score(out, None) >= rank_score(ref, None) - 1e-4, (seed, audio, timestamps)
         better += rank_score(out, None) > rank_score(ref, None) + 1e-4
     assert better > 0, "beam search never found anything greedy did not: the test has no power"
@@ -64,8 +65,9 @@ def test_wider_beams_rank_at_least_as_high_as_greedy():
 
 def test_patience_waits_for_more_finished_hypotheses():
     target, rules, prompt = tiny_target(0), tiny_rules(False), _prompt(False)
-    plain = beam_decode(target, window(target, 11), prompt, rules, EOT, 20, beam_size=3)
-    patient = beam_decode(target, window(target, 11), prompt, rules, EOT, 20, beam_size=3, patience=2.0)
+    plain = beam_decode(target, window(target, 11), DecodeJob(prompt, rules, EOT, 20), BeamOptions(beam_size=3))
+    patient = beam_decode(target, window(target, 11), DecodeJob(prompt, rules, EOT, 20),
+                          BeamOptions(beam_size=3, patience=2.0))
     assert patient.stats.target_forwards >= plain.stats.target_forwards
     assert rank_score(patient, None) >= rank_score(plain, None) - 1e-4
 

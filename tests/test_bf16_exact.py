@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from specli.core.drafters.base import DraftProposal
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob
 from specli.core.speculative import SpecOptions, speculative_decode
 from tiny_models import EOT, NO_TS, SOT, AlwaysWrongDrafter, tiny_rules, tiny_target, window
 
@@ -47,7 +48,7 @@ class ListDrafter:
 
 def test_scoring_a_chain_equals_one_token_steps_bit_for_bit():
     prompt = [SOT, NO_TS]
-    ref = greedy_decode(TARGET, window(TARGET, 4), prompt, tiny_rules(False), EOT, 40).tokens
+    ref = greedy_decode(TARGET, window(TARGET, 4), DecodeJob(prompt, tiny_rules(False), EOT, 40)).tokens
     for start in range(0, 30, 3):
         for n in range(2, 8):
             chain = ref[start : start + n]
@@ -66,8 +67,8 @@ def test_scoring_a_chain_equals_one_token_steps_bit_for_bit():
 def test_bf16_speculative_greedy_equals_bf16_greedy(seed, kind, max_draft, timestamps):
     prompt = [SOT] if timestamps else [SOT, NO_TS]
     rules = tiny_rules(timestamps)
-    ref = greedy_decode(TARGET, window(TARGET, seed), prompt, rules, EOT, 40)
+    ref = greedy_decode(TARGET, window(TARGET, seed), DecodeJob(prompt, rules, EOT, 40))
     drafter = AlwaysWrongDrafter() if kind == "wrong" else ListDrafter(kind, ref.tokens, seed)
-    out = speculative_decode(TARGET, window(TARGET, seed), prompt, rules, EOT, 40,
-                             drafter=drafter, options=SpecOptions(max_draft=max_draft))
+    out = speculative_decode(TARGET, window(TARGET, seed), DecodeJob(prompt, rules, EOT, 40), drafter,
+                             SpecOptions(max_draft=max_draft))
     assert out.tokens == ref.tokens and out.finished == ref.finished

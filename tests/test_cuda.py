@@ -30,6 +30,7 @@ from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions  # noqa: E
 from specli.core.drafters.ngram import NgramDrafter, NgramPool  # noqa: E402
 from specli.core.drafters.recycling import RecyclingDrafter  # noqa: E402
 from specli.core.greedy import greedy_decode  # noqa: E402
+from specli.core.job import DecodeJob, Probe
 from specli.core.logits import SamplingParams  # noqa: E402
 from specli.core.speculative import SpecOptions, speculative_decode  # noqa: E402
 from specli.core.verify import reference, verify  # noqa: E402
@@ -160,8 +161,9 @@ def test_decode_steps_create_no_cpu_tensor(cuda_targets, name):  # (test drafter
     drafter = _drafters(target, other)[name](2)
     watch = CpuTensorWatch()
     with watch:
-        speculative_decode(target, state, [SOT, NO_TS], tiny_rules(False), EOT, 20, no_speech=1, drafter=drafter,
-                           options=SpecOptions(max_draft=5, sampling=SAMPLING, seed=1))
+        job = DecodeJob([SOT, NO_TS], tiny_rules(False), EOT, 20, sampling=SAMPLING,
+                        generator=torch.Generator(device=DEV).manual_seed(1), probe=Probe(0, 1))
+        speculative_decode(target, state, job, drafter, SpecOptions(max_draft=5))
     assert watch.cpu_results == [], f"{name}: CPU tensors made by {sorted(set(watch.cpu_results))}"
 
 
@@ -173,9 +175,10 @@ def test_speculative_greedy_equals_greedy_on_cuda(cuda_targets, dtype, name, see
     timestamps = seed == 1
     prompt = [SOT] + ([] if timestamps else [NO_TS])
     rules = tiny_rules(timestamps)
-    ref = greedy_decode(target, window(target, seed), prompt, rules, EOT, 40, no_speech=1)
-    out = speculative_decode(target, window(target, seed), prompt, rules, EOT, 40, no_speech=1,
-                             drafter=_drafters(target, other)[name](seed), options=SpecOptions(max_draft=6))
+    job = DecodeJob(prompt, rules, EOT, 40, probe=Probe(0, 1))
+    ref = greedy_decode(target, window(target, seed), job)
+    out = speculative_decode(target, window(target, seed), job, _drafters(target, other)[name](seed),
+                             SpecOptions(max_draft=6))
     assert out.tokens == ref.tokens
     assert out.finished == ref.finished
 
@@ -185,9 +188,10 @@ def test_sampled_decode_kernels_equal_reference_on_cuda(cuda_targets, name):
     target, other = cuda_targets[torch.float32]
     outs = []
     for backend in ("reference", "triton"):
-        opts = SpecOptions(max_draft=6, sampling=SAMPLING, seed=7, verify_backend=backend)
-        outs.append(speculative_decode(target, window(target, 5), [SOT, NO_TS], tiny_rules(False), EOT, 40,
-                                       drafter=_drafters(target, other)[name](5), options=opts))
+        job = DecodeJob([SOT, NO_TS], tiny_rules(False), EOT, 40, sampling=SAMPLING,
+                        generator=torch.Generator(device=DEV).manual_seed(7))
+        outs.append(speculative_decode(target, window(target, 5), job, _drafters(target, other)[name](5),
+                                       SpecOptions(max_draft=6, verify_backend=backend)))
     assert outs[0].tokens == outs[1].tokens
 
 
@@ -272,13 +276,13 @@ def test_qwen2_target_on_the_device_lossless(dtype, drafter, greedy):
     prompt, eot, sampling = [5, 17, 33, 8], 2, SamplingParams() if greedy else SAMPLING
     state = target.start(64)
     assert state.cache.keys.device.type == DEV.type
-    ref = greedy_decode(target, state, prompt, None, eot, 30) if greedy else None
+    ref = greedy_decode(target, state, DecodeJob(prompt, None, eot, 30)) if greedy else None
     make = {"ngram-pool": lambda: NgramDrafter(NgramPool(2), eot), "random-tree": lambda: RandomTreeDrafter(3)}
     outs = []
     for backend in ("reference", "auto" if DEV.type == "cuda" else "triton"):
-        opts = SpecOptions(max_draft=5, sampling=sampling, seed=5, verify_backend=backend)
-        outs.append(speculative_decode(target, target.start(64), prompt, None, eot, 30, drafter=make[drafter](),
-                                       options=opts))
+        job = DecodeJob(prompt, None, eot, 30, sampling=sampling, generator=torch.Generator(device=DEV).manual_seed(5))
+        outs.append(speculative_decode(target, target.start(64), job, make[drafter](),
+                                       SpecOptions(max_draft=5, verify_backend=backend)))
     if greedy:
         assert outs[0].tokens == ref.tokens
     assert outs[1].tokens == outs[0].tokens

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ES_CLIPS
+from specli.core.job import DecodeJob
 from specli.distill.data import load_windows, read_manifest, window_record
 from specli.distill.train import TrainOptions, dropped, make_batch, noisy, train, unrolled_loss
 from specli.asr.drafters.eagle import EagleConfig, SpeechDraftHead, load_head
@@ -41,7 +42,7 @@ def _windows(seeds=(1, 2, 3)) -> list[dict]:
     for s in seeds:
         state = window(TARGET, s)
         prompt = [SOT, 7 + s, NO_TS]
-        res = greedy_decode(TARGET, state, prompt, tiny_rules(False), EOT, TARGET.dims.text_ctx - 3)
+        res = greedy_decode(TARGET, state, DecodeJob(prompt, tiny_rules(False), EOT, TARGET.dims.text_ctx - 3))
         tokens = prompt + res.tokens + ([EOT] if res.finished else [])
         out.append(window_record(SimpleNamespace(target=TARGET), state.audio_features[0], tokens, len(prompt)))
     return out

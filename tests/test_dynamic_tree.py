@@ -22,6 +22,7 @@ from specli.asr.drafters.dynamic_tree import DynamicTreeDrafter, DynamicTreeOpti
 from specli.asr.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead
 from specli.asr.drafters.model import ModelDrafter
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob, Probe
 from specli.core.logits import filter_logits
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.core.tree import depths, path_to
@@ -63,13 +64,14 @@ class OracleTree(DynamicTreeDrafter):
 def _decode(drafter, audio_seed: int, timestamps: bool, max_draft: int, max_new: int):
     rules = tiny_rules(timestamps)
     prompt = [SOT] + ([] if timestamps else [NO_TS])
-    ref = greedy_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, max_new, no_speech=1)
-    out = speculative_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, max_new, no_speech=1,
-                             drafter=drafter(ref.tokens), options=SpecOptions(max_draft=max_draft))
+    ref = greedy_decode(TARGET, window(TARGET, audio_seed), DecodeJob(prompt, rules, EOT, max_new, probe=Probe(0, 1)))
+    out = speculative_decode(TARGET, window(TARGET, audio_seed),
+                             DecodeJob(prompt, rules, EOT, max_new, probe=Probe(0, 1)), drafter(ref.tokens),
+                             SpecOptions(max_draft=max_draft))
     assert out.tokens == ref.tokens
     assert out.finished == ref.finished
     assert out.sum_logprob == pytest.approx(ref.sum_logprob, abs=1e-3)
-    assert out.no_speech_prob == pytest.approx(ref.no_speech_prob, abs=1e-5)
+    assert out.probed == pytest.approx(ref.probed, abs=1e-5)
     return ref, out
 
 

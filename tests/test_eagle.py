@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import EN_CLIPS
+from specli.core.job import DecodeJob, Probe
 from specli.distill.data import generate, load_windows, read_manifest, window_record
 from specli.distill.train import TrainOptions, learning_rate, make_batch, start_rows, train, unrolled_loss, validate
 from specli.core.drafters.base import DraftRequest
@@ -46,7 +47,7 @@ def _windows(seeds=(1, 2), max_new: int = 20) -> list[dict]:
     for s in seeds:
         state = window(TARGET, s)
         prompt = [SOT, 7 + s, NO_TS]
-        res = greedy_decode(TARGET, state, prompt, tiny_rules(False), EOT, max_new)
+        res = greedy_decode(TARGET, state, DecodeJob(prompt, tiny_rules(False), EOT, max_new))
         tokens = prompt + res.tokens + ([EOT] if res.finished else [])
         out.append(window_record(TINY, state.audio_features[0], tokens, len(prompt)))
     return out
@@ -198,10 +199,11 @@ def test_eagle_speculative_greedy_equals_greedy(mode, audio_seed, head_seed, tim
                                                 draft_vocab):
     rules = tiny_rules(timestamps)
     prompt = [SOT] + ([] if timestamps else [NO_TS])
-    ref = greedy_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, max_new, no_speech=1)
+    ref = greedy_decode(TARGET, window(TARGET, audio_seed), DecodeJob(prompt, rules, EOT, max_new, probe=Probe(0, 1)))
     drafter = EagleDrafter(_head(head_seed, draft_vocab=draft_vocab), MODES[mode])
-    out = speculative_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, max_new, no_speech=1,
-                             drafter=drafter, options=SpecOptions(max_draft=max_draft))
+    out = speculative_decode(TARGET, window(TARGET, audio_seed),
+                             DecodeJob(prompt, rules, EOT, max_new, probe=Probe(0, 1)), drafter,
+                             SpecOptions(max_draft=max_draft))
     assert out.tokens == ref.tokens
     assert out.finished == ref.finished
     assert out.sum_logprob == pytest.approx(ref.sum_logprob, abs=1e-3)
@@ -247,9 +249,9 @@ def test_head_runs_in_bfloat16_under_a_bfloat16_target_and_stays_lossless():
     head = _head(3, target=target, draft_vocab=30)
     prompt, rules = [SOT, NO_TS], tiny_rules(False)
     drafter = EagleDrafter(head, MODES["chain"])
-    ref = greedy_decode(target, window(target, 4), prompt, rules, EOT, 30)
-    out = speculative_decode(target, window(target, 4), prompt, rules, EOT, 30, drafter=drafter,
-                             options=SpecOptions(max_draft=5))
+    ref = greedy_decode(target, window(target, 4), DecodeJob(prompt, rules, EOT, 30))
+    out = speculative_decode(target, window(target, 4), DecodeJob(prompt, rules, EOT, 30), drafter,
+                             SpecOptions(max_draft=5))
     assert out.tokens == ref.tokens and out.stats.drafted > 0
     assert drafter.head.lm_head.linear.dtype == torch.bfloat16 and drafter.head.ln_rec.weight.dtype == torch.bfloat16
     assert drafter._cross[0].dtype == torch.float32  # window K/V kept in float32 on the CPU (cross_attention)

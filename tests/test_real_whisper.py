@@ -7,6 +7,7 @@ import torch
 import transformers
 
 from conftest import EN_CLIPS, ES_CLIPS
+from specli.core.job import DecodeJob, Probe
 from specli.io.audio import load_audio, window_features
 from specli.core.greedy import greedy_decode
 from specli.models.whisper.rules import WhisperLogitRules
@@ -62,8 +63,8 @@ def test_greedy_equals_transformers_generate_and_logits_match(whisper_models, na
     ref = [t for t in ref if t < sp.eot]  # generated text tokens (no prompt, no eot/padding)
     prompt = sp.prompt(language)
     target = model.target
-    res = greedy_decode(target, target.start(target.encode(feats)), prompt, WhisperLogitRules.for_model(sp),
-                        sp.eot, 224, sp.no_speech)
+    res = greedy_decode(target, target.start(target.encode(feats)),
+                        DecodeJob(prompt, WhisperLogitRules.for_model(sp), sp.eot, 224, probe=Probe(0, sp.no_speech)))
     assert res.finished
     assert res.tokens == ref, (model.tokenizer.decode(res.tokens), model.tokenizer.decode(ref))
     assert len(ref) > 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from specli.asr.drafters.model import ModelDrafter
+from specli.core.job import DecodeJob
 from specli.core.logits import SamplingParams, filter_logits
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.core.verify import reference
@@ -86,8 +87,8 @@ def assert_two_token_marginals(target, drafter, runs: int, max_draft: int) -> tu
     p1, p2 = _exact_two_token_marginals(target, prompt, rules, audio_seed)
     c1, c2 = torch.zeros(VOCAB), torch.zeros(VOCAB)
     for seed in range(runs):
-        out = speculative_decode(target, window(target, audio_seed), prompt, rules, EOT, 2, drafter=drafter,
-                                 options=SpecOptions(max_draft=max_draft, sampling=PARAMS, seed=seed))
+        job = DecodeJob(prompt, rules, EOT, 2, sampling=PARAMS, generator=torch.Generator().manual_seed(seed))
+        out = speculative_decode(target, window(target, audio_seed), job, drafter, SpecOptions(max_draft=max_draft))
         c1[out.tokens[0]] += 1
         c2[out.tokens[1]] += 1
     bound1 = 3 * 0.5 * (int((p1 > 0).sum()) / runs) ** 0.5

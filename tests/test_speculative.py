@@ -14,6 +14,7 @@ from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.drafters.recycling import RecyclingDrafter
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob, Probe
 from specli.core.speculative import SpecOptions, speculative_decode
 from tiny_models import (EOT, NO_TS, SOT, AlwaysWrongDrafter, NoisyTreeDrafter, RandomTreeDrafter, tiny_rules,
                          tiny_target, window)
@@ -55,14 +56,15 @@ def _prompt(extra: list[int], timestamps: bool) -> list[int]:
 def test_speculative_greedy_equals_greedy(name, audio_seed, extra, timestamps, max_draft, max_new, seed):
     rules = tiny_rules(timestamps)
     prompt = _prompt(extra, timestamps)
-    ref = greedy_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, max_new, no_speech=1)
+    ref = greedy_decode(TARGET, window(TARGET, audio_seed), DecodeJob(prompt, rules, EOT, max_new, probe=Probe(0, 1)))
     drafter = DRAFTERS[name](seed)
-    out = speculative_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, max_new, no_speech=1,
-                             drafter=drafter, options=SpecOptions(max_draft=max_draft))
+    out = speculative_decode(TARGET, window(TARGET, audio_seed),
+                             DecodeJob(prompt, rules, EOT, max_new, probe=Probe(0, 1)), drafter,
+                             SpecOptions(max_draft=max_draft))
     assert out.tokens == ref.tokens
     assert out.finished == ref.finished
     assert out.sum_logprob == pytest.approx(ref.sum_logprob, abs=1e-3)
-    assert out.no_speech_prob == pytest.approx(ref.no_speech_prob, abs=1e-5)
+    assert out.probed == pytest.approx(ref.probed, abs=1e-5)
     assert out.stats.tokens == ref.stats.tokens
     assert out.stats.verify_steps <= ref.stats.target_forwards
 
@@ -91,11 +93,11 @@ class RecordingDrafter:
 def test_drafter_that_is_the_target_accepts_everything(audio_seed, finished):
     rules = tiny_rules(False)
     prompt = _prompt([], False)
-    ref = greedy_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, 40)
+    ref = greedy_decode(TARGET, window(TARGET, audio_seed), DecodeJob(prompt, rules, EOT, 40))
     assert ref.finished == finished and len(ref.tokens) >= 20  # the inputs are what this test is about
     drafter = RecordingDrafter(ModelDrafter(TARGET, share_encoder=True))
-    out = speculative_decode(TARGET, window(TARGET, audio_seed), prompt, rules, EOT, 40,
-                             drafter=drafter, options=SpecOptions(max_draft=4))
+    out = speculative_decode(TARGET, window(TARGET, audio_seed), DecodeJob(prompt, rules, EOT, 40), drafter,
+                             SpecOptions(max_draft=4))
     assert out.tokens == ref.tokens and out.finished == ref.finished
     st_ = out.stats
     # the drafter is the target: every drafted token up to the end is accepted. A drafted eot is
@@ -117,9 +119,9 @@ def test_drafter_that_is_the_target_accepts_everything(audio_seed, finished):
 def test_always_wrong_drafter_costs_one_forward_per_token():
     rules = tiny_rules(False)
     prompt = _prompt([], False)
-    ref = greedy_decode(TARGET, window(TARGET, 4), prompt, rules, EOT, 30)
-    out = speculative_decode(TARGET, window(TARGET, 4), prompt, rules, EOT, 30,
-                             drafter=AlwaysWrongDrafter(), options=SpecOptions(max_draft=5))
+    ref = greedy_decode(TARGET, window(TARGET, 4), DecodeJob(prompt, rules, EOT, 30))
+    out = speculative_decode(TARGET, window(TARGET, 4), DecodeJob(prompt, rules, EOT, 30), AlwaysWrongDrafter(),
+                             SpecOptions(max_draft=5))
     assert out.tokens == ref.tokens
     assert out.stats.accepted == 0
     assert out.stats.position_accepts == [0]
@@ -130,9 +132,9 @@ def test_ngram_pool_learns_across_windows():
     rules = tiny_rules(False)
     prompt = _prompt([], False)
     drafter = NgramDrafter(NgramPool(4), EOT)
-    first = speculative_decode(TARGET, window(TARGET, 1), prompt, rules, EOT, 40, drafter=drafter)
+    first = speculative_decode(TARGET, window(TARGET, 1), DecodeJob(prompt, rules, EOT, 40), drafter)
     assert first.finished and len(first.tokens) >= 20  # window seed 1: 31 tokens, then eot
-    again = speculative_decode(TARGET, window(TARGET, 1), prompt, rules, EOT, 40, drafter=drafter)
+    again = speculative_decode(TARGET, window(TARGET, 1), DecodeJob(prompt, rules, EOT, 40), drafter)
     assert again.tokens == first.tokens
     # the pool now holds the whole first hypothesis: the repeat drafts most of it from there
     assert again.stats.target_forwards < first.stats.target_forwards

@@ -26,6 +26,7 @@ from specli.core.drafters.llm.dspark import new_dspark
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, new_eagle3
 from specli.core.drafters.llm.base import TargetParts, attach_aux_layers, target_parts
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob
 from specli.core.sampling import SamplerOptions, build_sampler
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.tts.drafting import SpeechDraftOptions, wrap
@@ -65,9 +66,9 @@ def _decode(model, rules, params, prompt, drafter=None, max_draft=6, n=40):
     lm, spec = model.lm, model.spec
     state = lm.start(len(prompt) + n + 2)
     if drafter is None:
-        return greedy_decode(lm, state, prompt, rules, spec.eos, n, sampling=params)
-    return speculative_decode(lm, state, prompt, rules, spec.eos, n, drafter=drafter,
-                              options=SpecOptions(max_draft=max_draft, sampling=params))
+        return greedy_decode(lm, state, DecodeJob(prompt, rules, spec.eos, n, sampling=params))
+    return speculative_decode(lm, state, DecodeJob(prompt, rules, spec.eos, n, sampling=params), drafter,
+                              SpecOptions(max_draft=max_draft))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -207,12 +208,12 @@ def test_toy_greedy_with_adaptive_truncation_equals_ar():
     for seed in range(4):
         target = AuxTableTarget(tse.random_table(20 + seed, scale=1.0, eos_bias=-1.0))
         prompt = [seed % 5, 2]
-        plain = greedy_decode(target, target.start(), prompt, sampling.rules, EOS, 12)
+        plain = greedy_decode(target, target.start(), DecodeJob(prompt, sampling.rules, EOS, 12))
         for kind in KINDS:
             for strategy in STRATEGIES:
-                spec = speculative_decode(target, target.start(), prompt, sampling.rules, EOS, 12,
-                                          drafter=toy_drafter(kind, strategy),
-                                          options=SpecOptions(max_draft=4, sampling=sampling.params))
+                spec = speculative_decode(target, target.start(),
+                                          DecodeJob(prompt, sampling.rules, EOS, 12, sampling=sampling.params),
+                                          toy_drafter(kind, strategy), SpecOptions(max_draft=4))
                 assert spec.tokens == plain.tokens, (kind, strategy)
 
 
@@ -266,9 +267,9 @@ def test_a_plain_qwen2_target_works_too(kind):
         return logits
 
     prompt = [5, 17, 33, 2]
-    plain = greedy_decode(target, target.start(40), prompt, rules, 96, 24, sampling=GREEDY)
+    plain = greedy_decode(target, target.start(40), DecodeJob(prompt, rules, 96, 24, sampling=GREEDY))
     for strategy in STRATEGIES:
-        spec = speculative_decode(target, target.start(40), prompt, rules, 96, 24, drafter=wrap(
-            module, SpeechDraftOptions(strategy, confidence_threshold=0.4, tree_topk=2, tree_threshold=0.9)),
-            options=SpecOptions(max_draft=6, sampling=GREEDY))
+        drafter = wrap(module, SpeechDraftOptions(strategy, confidence_threshold=0.4, tree_topk=2, tree_threshold=0.9))
+        spec = speculative_decode(target, target.start(40), DecodeJob(prompt, rules, 96, 24, sampling=GREEDY), drafter,
+                                  SpecOptions(max_draft=6))
         assert spec.tokens == plain.tokens, strategy

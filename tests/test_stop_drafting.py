@@ -9,6 +9,7 @@ from specli.core.batched import RowJob, decode_all
 from specli.core.drafters.batched import PerRowDrafters
 from specli.asr.drafters.model import ModelDrafter
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob
 from specli.core.speculative import PROBE_FORWARDS, SpecOptions, drafting_pays, speculative_decode
 from specli.core.types import DecodeStats
 from specli.errors import PresetError
@@ -32,18 +33,17 @@ def test_drafting_pays_judges_after_the_probe():
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_window_stops_drafting_when_drafts_are_rejected_and_keeps_its_output(seed):
     prompt, rules = [SOT, NO_TS], tiny_rules(False)
-    ref = greedy_decode(TARGET, window(TARGET, seed), prompt, rules, EOT, MAX_NEW)
+    ref = greedy_decode(TARGET, window(TARGET, seed), DecodeJob(prompt, rules, EOT, MAX_NEW))
     assert len(ref.tokens) > 2 * PROBE_FORWARDS
     runs = {}
     for stop in (0.0, 0.5):
-        out = speculative_decode(TARGET, window(TARGET, seed), prompt, rules, EOT, MAX_NEW,
-                                 drafter=AlwaysWrongDrafter(), options=SpecOptions(max_draft=3, stop_below=stop))
+        out = speculative_decode(TARGET, window(TARGET, seed), DecodeJob(prompt, rules, EOT, MAX_NEW),
+                                 AlwaysWrongDrafter(), SpecOptions(max_draft=3, stop_below=stop))
         assert out.tokens == ref.tokens
         runs[stop] = out.stats
     assert runs[0.5].drafted == 3 * PROBE_FORWARDS < runs[0.0].drafted
-    right = speculative_decode(TARGET, window(TARGET, seed), prompt, rules, EOT, MAX_NEW,
-                               drafter=ModelDrafter(TARGET, share_encoder=True),
-                               options=SpecOptions(max_draft=3, stop_below=0.5))
+    right = speculative_decode(TARGET, window(TARGET, seed), DecodeJob(prompt, rules, EOT, MAX_NEW),
+                               ModelDrafter(TARGET, share_encoder=True), SpecOptions(max_draft=3, stop_below=0.5))
     assert right.tokens == ref.tokens and right.stats.accepted == right.stats.drafted > 3 * PROBE_FORWARDS
 
 
@@ -51,7 +51,8 @@ def test_rows_of_a_batch_stop_drafting_on_their_own():
     jobs = []
     for key, seed in enumerate((1, 2, 3)):
         w = window(TARGET, seed)
-        jobs.append(RowJob(key, (w.audio_features, w.features), [SOT, NO_TS], tiny_rules(False), EOT, MAX_NEW))
+        job = DecodeJob([SOT, NO_TS], tiny_rules(False), EOT, MAX_NEW)
+        jobs.append(RowJob(key, (w.audio_features, w.features), job))
     ar = dict(decode_all(TARGET, jobs, 2))
     wrong = dict(decode_all(TARGET, jobs, 2, drafter=PerRowDrafters(AlwaysWrongDrafter),
                             options=SpecOptions(max_draft=3, stop_below=0.5)))

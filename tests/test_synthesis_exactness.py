@@ -30,6 +30,7 @@ from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.drafters.recycling import RecyclingDrafter
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob
 from specli.core.logits import filter_logits
 from specli.core.sampling import SamplerOptions, build_sampler, request_generator
 from specli.core.speculative import SpecOptions, speculative_decode
@@ -104,8 +105,9 @@ def bound(p: torch.Tensor, n: int, delta: float = DELTA) -> float:
 def spec_counts(sampler, drafter, runs=RUNS, max_draft=4, seed0=0) -> torch.Tensor:
     counts = torch.zeros(V ** STEPS, dtype=torch.float64)
     for i in range(runs):
-        res = speculative_decode(TARGET, TARGET.start(), PROMPT, sampler.rules, EOS, STEPS, drafter=drafter,
-                                 options=SpecOptions(max_draft=max_draft, sampling=sampler.params, seed=seed0 + i))
+        job = DecodeJob(PROMPT, sampler.rules, EOS, STEPS, sampling=sampler.params,
+                        generator=torch.Generator().manual_seed(seed0 + i))
+        res = speculative_decode(TARGET, TARGET.start(), job, drafter, SpecOptions(max_draft=max_draft))
         counts[outcome(padded(res))] += 1
     return counts
 
@@ -143,8 +145,9 @@ def test_speculative_sampling_keeps_the_joint_distribution(name, drafter):
 def plain_counts(sampler, runs=RUNS) -> torch.Tensor:
     counts = torch.zeros(V ** STEPS, dtype=torch.float64)
     for i in range(runs):
-        res = greedy_decode(TARGET, TARGET.start(), PROMPT, sampler.rules, EOS, STEPS, sampling=sampler.params,
-                            generator=request_generator(0, f"plain-{i}"))
+        job = DecodeJob(PROMPT, sampler.rules, EOS, STEPS, sampling=sampler.params,
+                        generator=request_generator(0, f"plain-{i}"))
+        res = greedy_decode(TARGET, TARGET.start(), job)
         counts[outcome(padded(res))] += 1
     return counts
 
@@ -207,8 +210,9 @@ def test_greedy_is_token_identical(drafter):
         if drafter == "always-right chain":
             d = ModelDrafter(TableTarget(table), share_encoder=True)
         prompt = [seed % 5, (3 * seed + 1) % 5]
-        plain = greedy_decode(target, target.start(), prompt, sampler.rules, EOS, 12)
-        spec = speculative_decode(target, target.start(), prompt, sampler.rules, EOS, 12, drafter=d,
-                                  options=SpecOptions(max_draft=4, sampling=sampler.params))
+        plain = greedy_decode(target, target.start(), DecodeJob(prompt, sampler.rules, EOS, 12))
+        spec = speculative_decode(target, target.start(),
+                                  DecodeJob(prompt, sampler.rules, EOS, 12, sampling=sampler.params), d,
+                                  SpecOptions(max_draft=4))
         assert spec.tokens == plain.tokens and spec.finished == plain.finished
         assert SOS not in plain.tokens[:2]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
+from specli.core.job import DecodeJob, Probe
 from specli.core.logits import SamplingParams
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.core.tree import is_chain
@@ -85,9 +86,10 @@ DRAFTERS = {
 
 def _decode(name: str, seed: int, sampling: SamplingParams, backend: str, timestamps: bool):
     prompt = [SOT, 7] + ([] if timestamps else [NO_TS])
-    opts = SpecOptions(max_draft=6, sampling=sampling, seed=seed, verify_backend=backend)
-    return speculative_decode(TARGET, window(TARGET, seed), prompt, tiny_rules(timestamps), EOT, 30,
-                              no_speech=1, drafter=DRAFTERS[name](seed), options=opts)
+    job = DecodeJob(prompt, tiny_rules(timestamps), EOT, 30, sampling=sampling,
+                    generator=torch.Generator().manual_seed(seed), probe=Probe(0, 1))
+    return speculative_decode(TARGET, window(TARGET, seed), job, DRAFTERS[name](seed),
+                              SpecOptions(max_draft=6, verify_backend=backend))
 
 
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
@@ -112,7 +114,8 @@ def test_decode_loop_with_triton_kernels_equals_reference(name, greedy, seed, ke
 
 def test_sampled_decode_depends_on_the_seed_so_equality_is_not_vacuous():
     a = _decode("sparse-tree", 3, SAMPLING, "triton", timestamps=False)
-    b = speculative_decode(TARGET, window(TARGET, 3), [SOT, 7, NO_TS], tiny_rules(False), EOT, 30, no_speech=1,
-                           drafter=DRAFTERS["sparse-tree"](3),
-                           options=SpecOptions(max_draft=6, sampling=SAMPLING, seed=4, verify_backend="triton"))
+    job = DecodeJob([SOT, 7, NO_TS], tiny_rules(False), EOT, 30, sampling=SAMPLING,
+                    generator=torch.Generator().manual_seed(4), probe=Probe(0, 1))
+    b = speculative_decode(TARGET, window(TARGET, 3), job, DRAFTERS["sparse-tree"](3),
+                           SpecOptions(max_draft=6, verify_backend="triton"))
     assert a.tokens != b.tokens

@@ -17,15 +17,15 @@ import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 
-import torch
 
-from specli.core.beam import beam_decode
+from specli.core.beam import BeamOptions, beam_decode
 from specli.core.drafters.base import Drafter
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob
 from specli.core.logits import GREEDY, SamplingParams
 from specli.asr.segments import compression_ratio
 from specli.core.speculative import SpecOptions, speculative_decode
-from specli.core.types import DecodeResult, DecodeStats, LogitRules, Target, TargetState, accumulate
+from specli.core.types import DecodeResult, DecodeStats, Target, TargetState, accumulate
 from specli.errors import UsageError
 
 WHISPER_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # openai-whisper's fallback schedule
@@ -91,7 +91,7 @@ class DecodeMethod:
     """How a window is decoded at each temperature: plain autoregressive, or speculative."""
 
     drafter: Drafter | None = None  # None: plain autoregressive decoding
-    spec: SpecOptions = SpecOptions()  # speculation settings (sampling and seed are set per attempt)
+    spec: SpecOptions = SpecOptions()  # speculation settings (how tokens are chosen is set per attempt)
 
 
 AR = DecodeMethod()
@@ -159,40 +159,25 @@ def rank_score(result: DecodeResult, length_penalty: float | None) -> float:
     return result.sum_logprob / penalty if penalty else result.sum_logprob
 
 
-def decode_attempt(
-    target: Target,
-    state: TargetState,
-    prompt: list[int],
-    rules: LogitRules,
-    eot: int,
-    max_new_tokens: int,
-    no_speech: int | None,
-    sot_index: int,
-    *,
-    options: DecodingOptions,
-    method: DecodeMethod = AR,
-    generator: torch.Generator | None = None,
-) -> tuple[DecodeResult, DecodeStats]:
-    """Decode one window at ``options.temperature``: greedy / speculative / beam at 0, the best of
+def decode_attempt(target: Target, state: TargetState, job: DecodeJob, options: DecodingOptions,
+                   method: DecodeMethod = AR) -> tuple[DecodeResult, DecodeStats]:
+    """Decode one window's ``job`` at ``options.temperature``: greedy / speculative / beam at 0, the best of
     ``best_of`` samples above 0. Returns the kept result and the work of every decode run."""
     t = options.temperature
-    args = (target, state, prompt, rules, eot, max_new_tokens, no_speech, sot_index)
     stats = DecodeStats()
     if t == 0.0 and options.beam_size is not None and options.beam_size > 1:
         state.cache.crop(0)
-        res = beam_decode(*args, beam_size=options.beam_size, patience=options.patience,
-                          length_penalty=options.length_penalty)
+        res = beam_decode(target, state, job, BeamOptions(options.beam_size, options.patience, options.length_penalty))
         accumulate(stats, res.stats)
         return res, stats
-    sampling = GREEDY if t == 0.0 else SamplingParams(temperature=t)
+    job = replace(job, sampling=GREEDY if t == 0.0 else SamplingParams(temperature=t))
     best: DecodeResult | None = None
     for _ in range(1 if t == 0.0 else options.best_of):
         state.cache.crop(0)
         if method.drafter is None:
-            res = greedy_decode(*args, sampling=sampling, generator=generator)
+            res = greedy_decode(target, state, job)
         else:
-            spec = replace(method.spec, sampling=sampling, seed=None)
-            res = speculative_decode(*args, drafter=method.drafter, options=spec, generator=generator)
+            res = speculative_decode(target, state, job, method.drafter, method.spec)
         accumulate(stats, res.stats)
         if best is None or rank_score(res, options.length_penalty) > rank_score(best, options.length_penalty):
             best = res
@@ -205,15 +190,9 @@ class Attempt:
     answers with ``(DecodeResult, DecodeStats)`` (:func:`decode_attempt` on the window's state, or a
     batched decoder for a plain greedy attempt)."""
 
-    prompt: list[int]  # prompt tokens (the decoder prefills all but the last)
-    rules: LogitRules  # the window's logit rules
-    eot: int  # end-of-text token
-    max_new_tokens: int  # tokens decoded at most
-    no_speech: int | None  # <|nospeech|> token, read at ``sot_index``
-    sot_index: int  # position of <|startoftranscript|> in ``prompt``
+    job: DecodeJob  # the window's prompt, rules, eot, length limit, generator and no-speech probe (greedy)
     options: DecodingOptions  # one temperature (``options.temperature``)
     method: DecodeMethod  # plain or speculative
-    generator: torch.Generator | None  # the file's random source (sampling)
 
     @property
     def greedy(self) -> bool:
@@ -224,29 +203,17 @@ class Attempt:
 
 def run_attempt(target: Target, state: TargetState, attempt: Attempt) -> tuple[DecodeResult, DecodeStats]:
     """:func:`decode_attempt` of ``attempt`` on ``state``."""
-    a = attempt
-    return decode_attempt(target, state, a.prompt, a.rules, a.eot, a.max_new_tokens, a.no_speech, a.sot_index,
-                          options=a.options, method=a.method, generator=a.generator)
+    return decode_attempt(target, state, attempt.job, attempt.options, attempt.method)
 
 
 FallbackSteps = Generator[Attempt, tuple[DecodeResult, DecodeStats], WindowDecode]
 
 
-def fallback_steps(
-    prompt: list[int],
-    rules: LogitRules,
-    eot: int,
-    max_new_tokens: int,
-    no_speech: int | None,
-    sot_index: int,
-    *,
-    options: DecodingOptions,
-    text_of: Callable[[list[int]], str],
-    method: DecodeMethod = AR,
-    generator: torch.Generator | None = None,
-) -> FallbackSteps:
+def fallback_steps(job: DecodeJob, options: DecodingOptions, text_of: Callable[[list[int]], str],
+                   method: DecodeMethod = AR) -> FallbackSteps:
     """openai-whisper's ``decode_with_fallback`` for one window as a step machine: yields one
     :class:`Attempt` per temperature tried, receives its ``(result, stats)``, returns the kept decode.
+    ``job`` carries the window's prompt, rules and no-speech probe; its sampling is set per temperature.
 
     With ``fallback_silence``, a likely-silent window whose first decode failed stops there: it is
     skipped whatever a sample would say (:func:`should_skip`), so no sample is drawn for it.
@@ -254,13 +221,12 @@ def fallback_steps(
     total = DecodeStats()
     kept: WindowDecode | None = None
     for i, t in enumerate(options.temperatures):
-        res, stats = yield Attempt(prompt, rules, eot, max_new_tokens, no_speech, sot_index, options.at(t), method,
-                                   generator)
+        res, stats = yield Attempt(job, options.at(t), method)
         accumulate(total, stats)
         ratio, avg_lp = compression_ratio(text_of(res.tokens).strip()), avg_logprob(res)
-        failed = needs_fallback(ratio, avg_lp, res.no_speech_prob, options)
+        failed = needs_fallback(ratio, avg_lp, res.probed, options)
         kept = WindowDecode(res, t, avg_lp, ratio, i + 1, total, first_failed=i > 0 or failed)
-        if not failed or (options.fallback_silence and likely_silent(res.no_speech_prob, options)):
+        if not failed or (options.fallback_silence and likely_silent(res.probed, options)):
             break
     return kept
 

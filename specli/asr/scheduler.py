@@ -29,7 +29,6 @@ from specli.asr.drafters.eagle import EagleDrafter
 from specli.asr.drafters.eagle_batched import BatchedEagleDrafter
 from specli.core.drafters.ngram import NgramDrafter
 from specli.core.drafters.recycling import RecyclingDrafter
-from specli.core.logits import GREEDY
 from specli.models.whisper.loader import WhisperModel
 from specli.asr.windows import (DecodeRequest, EncodeRequest, Encoded, FileResult, FileSteps,
                                           serve_one)
@@ -157,10 +156,8 @@ class _Scheduler:
             self._advance(run, (result, result.stats))
 
     def _row(self, run: _Running) -> RowJob:
-        a = run.request.attempt
-        return RowJob(key=run.key, context=run.request.window.features, prompt=a.prompt, rules=a.rules, eot=a.eot,
-                      max_new_tokens=a.max_new_tokens, no_speech=a.no_speech, sot_index=a.sot_index,
-                      sampling=GREEDY, generator=a.generator)
+        """The batch row of a file's greedy attempt (the job's sampling is greedy: only those are batched)."""
+        return RowJob(run.key, run.request.window.features, run.request.attempt.job)
 
     def _encode(self, runs: list[_Running]) -> None:
         mel = torch.cat([r.request.mel for r in runs])  # [k, n_mels, 3000]

@@ -31,6 +31,7 @@ from specli.asr.segments import completed_length, find_loop, split_window, trim_
 from specli.models.whisper.loader import WhisperModel
 from specli.models.whisper.target import DecoderState
 from specli.models.whisper.rules import WhisperLogitRules
+from specli.core.job import DecodeJob, Probe
 from specli.core.types import DecodeResult, DecodeStats, TargetState, accumulate
 
 #: Called after each window's decode with the window's state, prompt and kept decode (distillation
@@ -265,9 +266,9 @@ def transcribe_steps(
             gen = file_generator(dec.seed, window.features.device)
         prompt = _prompt(model, opts, language, previous, hotwords)
         max_new = min(opts.max_new_tokens, target.dims.text_ctx - len(prompt))
-        win = yield from _attempts_of(window, fallback_steps(
-            prompt, rules, sp.eot, max_new, sp.no_speech, prompt.index(sp.sot), options=dec,
-            text_of=model.tokenizer.decode, method=decode, generator=gen))
+        job = DecodeJob(tuple(prompt), rules, sp.eot, max_new, generator=gen,
+                        probe=Probe(prompt.index(sp.sot), sp.no_speech))
+        win = yield from _attempts_of(window, fallback_steps(job, dec, model.tokenizer.decode, decode))
         accumulate(stats.decode, win.stats)
         stats.fallback_windows += int(win.first_failed)
         if on_decode is not None:
@@ -327,7 +328,7 @@ def _window_segments(
 ) -> tuple[list[Segment], int, list[int]]:
     """Segments of one window, the seek advance, and the tokens to condition the next window on."""
     sp, tok, res = model.special, model.tokenizer, win.result
-    if should_skip(res.no_speech_prob, win.avg_logprob, win.first_failed, opts.decoding):
+    if should_skip(res.probed, win.avg_logprob, win.first_failed, opts.decoding):
         stats.skipped_windows += 1
         return [], window_frames, []
     tokens, trimmed = (trim_repetition(res.tokens, timestamp_begin=sp.timestamp_begin)
@@ -342,7 +343,7 @@ def _window_segments(
     offset = seek * HOP_LENGTH / SAMPLE_RATE
     segs = [
         Segment(offset + r.start, offset + r.end, tok.decode(list(r.tokens)), r.tokens, win.avg_logprob,
-                res.no_speech_prob, win.compression_ratio, win.temperature)
+                res.probed, win.compression_ratio, win.temperature)
         for r in raw
     ]
     keep = [] if trimmed else tokens[: completed_length(tokens, sp.timestamp_begin)]

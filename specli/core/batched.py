@@ -34,48 +34,40 @@ import torch.nn.functional as F
 from specli.core.device import host_to_device
 from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest
 from specli.core.drafters.batched import BatchDrafter
-from specli.core.logits import GREEDY, SamplingParams, filter_logits
+from specli.core.job import DecodeJob, prefill, probe_at
+from specli.core.logits import filter_logits
 from specli.core.speculative import SpecOptions, accept_draft, commit_emitted, drafting_pays
 from specli.core.tree import depths, tree_inputs
-from specli.core.types import BatchTarget, DecodeResult, DecodeStats, HiddenStates, LogitRules
+from specli.core.types import BatchTarget, DecodeResult, DecodeStats, HiddenStates
 
 
 @dataclass(frozen=True)
 class RowJob:
-    """One sequence to decode inside a batch (Whisper: one window's decode attempt)."""
+    """One sequence to decode inside a batch: a :class:`~specli.core.job.DecodeJob` and where it belongs."""
 
     key: Hashable  # the caller's id, returned with the result
     context: Any  # what target.admit takes (Whisper: encoder output [1, A, d]; decoder-only LM: None)
-    prompt: list[int]  # prompt tokens; all but the last are prefilled when the row is admitted
-    rules: LogitRules | None  # this row's logit rules (timestamp rules, min-length masks, RAS windows ...)
-    eot: int  # the token that ends the row
-    max_new_tokens: int  # most tokens sampled after the prompt (eot included)
-    no_speech: int | None = None  # token whose probability at sot_index is reported (Whisper), or None
-    sot_index: int = 0  # prompt index of the start-of-transcript token
-    sampling: SamplingParams = GREEDY  # greedy or sampling, for this row
-    generator: torch.Generator | None = None  # this row's random numbers (one RNG per request)
-
-    def __post_init__(self) -> None:
-        if not self.prompt:
-            raise ValueError("a row needs at least one prompt token")
-        if self.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1")
+    job: DecodeJob  # prompt, rules, eot, length limit, sampling, generator, probe
 
 
 @dataclass
 class _Row:
     """A row in flight: its job, committed tokens and counters."""
 
-    job: RowJob
+    row: RowJob
     tokens: list[int]  # prompt + sampled, the pending token last
     filt: partial  # filter_logits with this row's rules and sampling parameters
     gen: torch.Generator | None
     stats: DecodeStats = field(default_factory=DecodeStats)
     hidden: HiddenStates | None = None  # target states of the row's last verified positions [1, m, d]
     sum_logprob: float = 0.0
-    no_speech_prob: float = 0.0
+    probed: float | None = None  # the job's probe, once read
     finished: bool = False
     t_start: float = field(default_factory=time.perf_counter)
+
+    @property
+    def job(self) -> DecodeJob:
+        return self.row.job
 
     @property
     def sampled(self) -> int:
@@ -113,29 +105,24 @@ class BatchDecoder:
         return len(self.rows)
 
     @torch.inference_mode()
-    def add(self, job: RowJob) -> None:
-        """Admit ``job`` into the next free slot and prefill its prompt (all but the last token)."""
-        cache = self.state.cache
+    def add(self, row_job: RowJob) -> None:
+        """Admit ``row_job`` into the next free slot and prefill its prompt (all but the last token)."""
+        cache, job = self.state.cache, row_job.job
         if not self.free:
             raise ValueError("no free slot")
         if len(job.prompt) + job.max_new_tokens > cache.max_len:
             raise ValueError(f"prompt ({len(job.prompt)}) + max_new_tokens ({job.max_new_tokens}) exceed the "
                              f"{cache.max_len} positions of a row")
-        gen = job.generator
-        if gen is None and not job.sampling.greedy and self.options.seed is not None:
-            gen = torch.Generator(device=cache.device).manual_seed(self.options.seed)
-        row = _Row(job, list(job.prompt), partial(filter_logits, rules=job.rules, params=job.sampling), gen)
+        row = _Row(row_job, list(job.prompt), partial(filter_logits, rules=job.rules, params=job.sampling),
+                   job.generator)
         slot = len(self.rows)
-        self.target.admit(self.state, slot, job.context)
-        view = self.target.row_state(self.state, slot, job.context)
-        plen = len(job.prompt)
-        if plen > 1:
-            out = self.target.score(view, host_to_device([job.prompt[:-1]], torch.long, cache.device))
+        self.target.admit(self.state, slot, row_job.context)
+        view = self.target.row_state(self.state, slot, row_job.context)
+        first = prefill(self.target, view, job, len(job.prompt) - 1)
+        if first.out is not None:
             cache.set_length(slot, view.cache.length)
             row.stats.target_forwards += 1
-            row.hidden = out.hidden
-            if job.no_speech is not None and job.sot_index < plen - 1:
-                row.no_speech_prob = float(out.logits[0, job.sot_index].softmax(-1)[job.no_speech])
+            row.hidden, row.probed = first.out.hidden, first.probed
         if self.drafter is not None:
             t0 = time.perf_counter()
             self.drafter.admit(slot, view, list(job.prompt))
@@ -179,7 +166,7 @@ class BatchDecoder:
                        self.state.cache.max_len - self.state.cache.lengths[b] - 2)
             if not drafting_pays(row.stats, self.options.stop_below):
                 room = 0
-            view = self.target.row_state(self.state, b, job.context)
+            view = self.target.row_state(self.state, b, row.row.context)
             requests.append(None if room < 1 else DraftRequest(row.tokens, len(job.prompt), room, view, row.hidden,
                                                                row.filt, job.sampling.greedy, row.gen))
         return self.drafter.propose(requests)
@@ -191,8 +178,8 @@ class BatchDecoder:
         kept, emitted, logprobs = accept_draft(out.logits[b, : n + 1], row.tokens[plen:], proposal, row.filt,
                                                job.sampling, row.gen, self.options.verify_backend)
         cache.keep(b, start, [start] + [start + 1 + i for i in kept])
-        if row.stats.verify_steps == 0 and job.no_speech is not None and job.sot_index == plen - 1:
-            row.no_speech_prob = float(out.logits[b, 0].softmax(-1)[job.no_speech])
+        if row.stats.verify_steps == 0 and row.probed is None:  # the first step scored the pending prompt token
+            row.probed = probe_at(job, plen - 1, out.logits[b, 0])
         if self.drafter is not None:
             rows = [0] + [i + 1 for i in kept]
             h = out.hidden
@@ -210,8 +197,8 @@ class BatchDecoder:
         for b in reversed(done):  # highest slot first: the row moved into a hole is never a finished one
             row = self.rows[b]
             row.stats.decode_seconds = time.perf_counter() - row.t_start
-            results.append((row.job.key, DecodeResult(row.tokens[len(row.job.prompt):], row.sum_logprob,
-                                                      row.no_speech_prob, row.finished, row.stats)))
+            results.append((row.row.key, DecodeResult(row.tokens[len(row.job.prompt):], row.sum_logprob,
+                                                      row.probed or 0.0, row.finished, row.stats)))
             if self.drafter is not None:
                 self.drafter.finish(b)
             last = len(self.rows) - 1

@@ -11,60 +11,59 @@ log-probability over length (``MaximumLikelihoodRanker``).
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass
 
 import torch
 
-from specli.core.kv_cache import KVCache
+from specli.core.job import DecodeJob, prefill
 from specli.core.logits import filter_logits
-from specli.models.whisper.target import DecoderState
-from specli.core.types import DecodeResult, DecodeStats, LogitRules, Target
+from specli.core.types import BeamTarget, DecodeResult, DecodeStats, TargetState
 
 
-def beam_decode(
-    target: Target,
-    state: DecoderState,
-    prompt: list[int],
-    rules: LogitRules,
-    eot: int,
-    max_new_tokens: int,
-    no_speech: int | None = None,
-    sot_index: int = 0,
-    *,
-    beam_size: int = 5,
-    patience: float | None = None,
-    length_penalty: float | None = None,
-) -> DecodeResult:
-    """Decode one window by beam search; same result contract as ``greedy_decode``."""
+@dataclass(frozen=True)
+class BeamOptions:
+    """openai-whisper's beam search settings."""
+
+    beam_size: int = 5  # hypotheses kept per step
+    patience: float | None = None  # stop after round(beam_size * patience) finished (None: 1.0)
+    length_penalty: float | None = None  # ranking: None divides by length, else ((5 + n) / 6) ** alpha
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError("beam_size must be >= 1")
+
+
+def beam_decode(target: BeamTarget, state: TargetState, job: DecodeJob, beam: BeamOptions = BeamOptions()
+                ) -> DecodeResult:
+    """Decode ``job`` by beam search (greedy rules, no sampling); same result contract as ``greedy_decode``."""
     t0 = time.perf_counter()
     stats = DecodeStats()
     dev = state.cache.device
-    out = target.score(state, torch.tensor([prompt], device=dev))  # the prompt once, then copied to every row
+    first = prefill(target, state, job, len(job.prompt))  # the prompt once, then copied to every row
     stats.target_forwards += 1
-    no_speech_prob = float(out.logits[0, sot_index].softmax(-1)[no_speech]) if no_speech is not None else 0.0
-    beams = widen(state, beam_size)
-    logits = out.logits[0, -1:]  # [rows, vocab]: one distinct row before the first step
+    beams = target.widen(state, beam.beam_size)
+    logits = first.out.logits[0, -1:]  # [rows, vocab]: one distinct row before the first step
     seqs: list[tuple[int, ...]] = [()]
     sums = [0.0]
     finished: dict[tuple[int, ...], float] = {}
-    max_candidates = max(1, round(beam_size * (patience or 1.0)))
-    for _step in range(max_new_tokens):
-        logp = torch.log_softmax(filter_logits(logits, [list(s) for s in seqs], rules), -1)  # [rows, vocab]
-        seqs, sums, sources, ended = _extend(seqs, sums, logp, beam_size, eot)
+    max_candidates = max(1, round(beam.beam_size * (beam.patience or 1.0)))
+    for _step in range(job.max_new_tokens):
+        logp = torch.log_softmax(filter_logits(logits, [list(s) for s in seqs], job.rules), -1)  # [rows, vocab]
+        seqs, sums, sources, ended = _extend(seqs, sums, logp, beam.beam_size, job.eot)
         for seq in sorted(ended, key=ended.get, reverse=True):
             if len(finished) >= max_candidates:
                 break
             finished[seq] = ended[seq]
         if len(finished) >= max_candidates or beams.cache.length + 1 > beams.cache.max_len:
             break
-        _reorder(beams.cache, sources)
+        beams.cache.reorder(sources)
         step = torch.tensor([[s[-1]] for s in seqs], device=dev)
         logits = target.score(beams, step).logits[:, -1]
         stats.target_forwards += 1
-    best, sum_logprob, ended_by_eot = _finalize(finished, seqs, sums, beam_size, length_penalty)
+    best, sum_logprob, ended_by_eot = _finalize(finished, seqs, sums, beam.beam_size, beam.length_penalty)
     stats.tokens = len(best) + int(ended_by_eot)
     stats.decode_seconds = time.perf_counter() - t0
-    return DecodeResult(list(best), sum_logprob, no_speech_prob, ended_by_eot, stats)
+    return DecodeResult(list(best), sum_logprob, first.probed or 0.0, ended_by_eot, stats)
 
 
 def _extend(seqs, sums, logp: torch.Tensor, beam_size: int, eot: int):
@@ -108,26 +107,3 @@ def _finalize(finished, seqs, sums, beam_size: int, length_penalty: float | None
 
     seq, (lp, ended) = max(candidates.items(), key=score)
     return seq, lp, ended
-
-
-def widen(state: DecoderState, rows: int) -> DecoderState:
-    """A ``rows``-row copy of a one-row state: the cache's filled slots copied to every row, the
-    encoder output and cross-attention K/V broadcast (views, no copy)."""
-    c = state.cache
-    layers, _b, heads, max_len, head_dim = c.keys.shape
-    cache = KVCache(layers, rows, heads, max_len, head_dim, c.keys.dtype, c.device)
-    cache.keys[:, :, :, : c.length] = c.keys[:, :1, :, : c.length]
-    cache.values[:, :, :, : c.length] = c.values[:, :1, :, : c.length]
-    cache.length = c.length
-    cross = tuple((k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in state.cross_kv)
-    feats = state.audio_features.expand(rows, -1, -1)
-    return replace(state, audio_features=feats, cross_kv=cross, cache=cache, features=None)
-
-
-@torch.inference_mode()
-def _reorder(cache: KVCache, sources: list[int]) -> None:
-    """Row ``i`` of the cache takes the filled slots of row ``sources[i]``."""
-    n = cache.length
-    idx = torch.tensor(sources, dtype=torch.long, device=cache.device)
-    cache.keys[:, :, :, :n] = cache.keys[:, :, :, :n].index_select(1, idx)
-    cache.values[:, :, :, :n] = cache.values[:, :, :, :n].index_select(1, idx)

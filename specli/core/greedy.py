@@ -9,35 +9,25 @@ import time
 
 import torch
 
-from specli.core.logits import GREEDY, SamplingParams, choose, filter_logits
-from specli.core.types import DecodeResult, DecodeStats, LogitRules, Target, TargetState
+from specli.core.job import DecodeJob, prefill
+from specli.core.logits import SamplingParams, choose, filter_logits
+from specli.core.types import DecodeResult, DecodeStats, Target, TargetState
 
 
-def greedy_decode(
-    target: Target,
-    state: TargetState,
-    prompt: list[int],
-    rules: LogitRules,
-    eot: int,
-    max_new_tokens: int,
-    no_speech: int | None = None,
-    sot_index: int = 0,
-    sampling: SamplingParams = GREEDY,
-    generator: torch.Generator | None = None,
-) -> DecodeResult:
-    """Decode one window, one target forward a token, from the filtered logits."""
+def greedy_decode(target: Target, state: TargetState, job: DecodeJob) -> DecodeResult:
+    """Decode ``job``, one target forward a token, from the filtered logits."""
     t0 = time.perf_counter()
     stats = DecodeStats()
     dev = state.cache.device
-    out = target.score(state, torch.tensor([prompt], device=dev))
+    first = prefill(target, state, job, len(job.prompt))  # the whole prompt: its last row predicts token 1
     stats.target_forwards += 1
-    no_speech_prob = float(out.logits[0, sot_index].softmax(-1)[no_speech]) if no_speech is not None else 0.0
-    logits = out.logits[0, -1:]  # [1, vocab]
+    logits = first.out.logits[0, -1:]  # [1, vocab]
+    sampling, generator = job.sampling, job.generator
     sampled: list[int] = []
     sum_logprob, finished = 0.0, False
     where = generator.device if generator is not None else dev  # random numbers are drawn where the generator lives
-    while len(sampled) < max_new_tokens:
-        filtered = filter_logits(logits, [sampled], rules, sampling)
+    while len(sampled) < job.max_new_tokens:
+        filtered = filter_logits(logits, [sampled], job.rules, sampling)
         u = None if sampling.greedy else torch.rand(1, generator=generator, dtype=torch.float64,
                                                     device=where).float().to(dev)
         chosen = choose(filtered, sampling, u)  # [1]
@@ -46,16 +36,16 @@ def greedy_decode(
         token = int(tok)
         sum_logprob += lp
         stats.tokens += 1
-        if token == eot:
+        if token == job.eot:
             finished = True
             break
         sampled.append(token)
-        if len(sampled) == max_new_tokens:
+        if len(sampled) == job.max_new_tokens:
             break
         logits = target.score(state, torch.tensor([[token]], device=dev)).logits[0]
         stats.target_forwards += 1
     stats.decode_seconds = time.perf_counter() - t0
-    return DecodeResult(sampled, sum_logprob, no_speech_prob, finished, stats)
+    return DecodeResult(sampled, sum_logprob, first.probed or 0.0, finished, stats)
 
 
 def unit_temperature(filtered: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:

@@ -81,6 +81,24 @@ class KVCache(_KVTensors):
         cache.keys, cache.values, cache.length = keys, values, length
         return cache
 
+    @torch.inference_mode()
+    def widened(self, rows: int) -> KVCache:
+        """A new ``rows``-row cache whose filled slots are row 0's, copied into every row (beam search)."""
+        layers, _b, heads, max_len, head_dim = self.keys.shape
+        cache = KVCache(layers, rows, heads, max_len, head_dim, self.keys.dtype, self.device)
+        cache.keys[:, :, :, : self.length] = self.keys[:, :1, :, : self.length]
+        cache.values[:, :, :, : self.length] = self.values[:, :1, :, : self.length]
+        cache.length = self.length
+        return cache
+
+    @torch.inference_mode()
+    def reorder(self, sources: Sequence[int]) -> None:
+        """Row ``i`` takes the filled slots of row ``sources[i]`` (beam search keeps its best hypotheses)."""
+        n = self.length
+        idx = host_to_device(list(sources), torch.long, self.device)
+        self.keys[:, :, :, :n] = self.keys[:, :, :, :n].index_select(1, idx)
+        self.values[:, :, :, :n] = self.values[:, :, :, :n].index_select(1, idx)
+
     # the score protocol shared with RaggedKVCache: begin -> update per layer -> end
     def span(self, batch: int, n: int) -> int:
         """One past the last slot a score of ``n`` tokens writes."""

@@ -5,7 +5,7 @@ step scores ``[pending] + draft`` (a chain or a tree) in one target forward, ver
 against the filtered target rows, keeps the accepted path in the cache (``crop`` / ``compact``)
 and emits the accepted tokens plus one target token (recovered or bonus), which becomes pending.
 Greedy output equals :func:`specli.core.greedy.greedy_decode`; sampled output follows the
-target's distribution.
+target's distribution. Both take the same :class:`~specli.core.job.DecodeJob`.
 """
 
 from __future__ import annotations
@@ -19,19 +19,18 @@ import torch
 from specli.core.device import host_to_device
 from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest
 from specli.core.greedy import unit_temperature
-from specli.core.logits import GREEDY, SamplingParams, filter_logits
+from specli.core.job import DecodeJob, prefill, probe_at
+from specli.core.logits import SamplingParams, filter_logits
 from specli.core.tree import depths, is_chain, tree_inputs
-from specli.core.types import DecodeResult, DecodeStats, LogitRules, Target, TargetState
+from specli.core.types import DecodeResult, DecodeStats, Target, TargetState
 from specli.core.verify import BACKENDS, Backend, verify
 
 
 @dataclass(frozen=True)
 class SpecOptions:
-    """Speculation settings shared by every drafter."""
+    """Speculation settings shared by every drafter (how tokens are chosen lives with the job)."""
 
     max_draft: int = 8  # most draft tokens (tree nodes) per target forward
-    sampling: SamplingParams = GREEDY  # greedy, or sampling with temperature / top-k / top-p / penalty
-    seed: int | None = None  # seed of the random numbers used when sampling
     verify_backend: Backend = "auto"  # verify kernels: auto (Triton on CUDA, torch elsewhere), reference, triton
     # stop drafting for the rest of a window once its accepted draft tokens per target forward fall below
     # this, judged from the PROBE_FORWARDS-th forward on (drafting that is rarely accepted only costs); 0 = never
@@ -58,66 +57,46 @@ def drafting_pays(stats: DecodeStats, stop_below: float) -> bool:
     return stats.accepted >= stop_below * stats.verify_steps
 
 
-def speculative_decode(
-    target: Target,
-    state: TargetState,
-    prompt: list[int],
-    rules: LogitRules,
-    eot: int,
-    max_new_tokens: int,
-    no_speech: int | None = None,
-    sot_index: int = 0,
-    *,
-    drafter: Drafter,
-    options: SpecOptions = SpecOptions(),
-    generator: torch.Generator | None = None,
-) -> DecodeResult:
-    """Decode one window with ``drafter``; same contract as ``greedy_decode``.
-
-    Sampling draws from ``generator`` when given (one per file: runs are reproducible from one
-    seed), else from a generator seeded with ``options.seed``.
-    """
+def speculative_decode(target: Target, state: TargetState, job: DecodeJob, drafter: Drafter,
+                       options: SpecOptions = SpecOptions()) -> DecodeResult:
+    """Decode ``job`` with ``drafter``; the same tokens as :func:`~specli.core.greedy.greedy_decode` (greedy)
+    or the same distribution (sampling, from ``job.generator``)."""
     t_start = time.perf_counter()
     stats = DecodeStats()
-    gen = generator
-    if gen is None and options.seed is not None:
-        gen = torch.Generator(device=state.cache.device).manual_seed(options.seed)
-    filt = partial(filter_logits, rules=rules, params=options.sampling)
-    no_speech_prob, hidden = 0.0, None
-    if len(prompt) > 1:
-        out = target.score(state, host_to_device([prompt[:-1]], torch.long, state.cache.device))
-        stats.target_forwards += 1
-        if no_speech is not None and sot_index < len(prompt) - 1:
-            no_speech_prob = float(out.logits[0, sot_index].softmax(-1)[no_speech])
-        hidden = out.hidden
+    plen, gen = len(job.prompt), job.generator
+    filt = partial(filter_logits, rules=job.rules, params=job.sampling)
+    first = prefill(target, state, job, plen - 1)  # all but the pending token, which the first step scores
+    stats.target_forwards += int(first.out is not None)
+    probed, hidden = first.probed, None if first.out is None else first.out.hidden
     t_draft = time.perf_counter()
-    drafter.start(state, prompt)
+    drafter.start(state, list(job.prompt))
     stats.draft_seconds += time.perf_counter() - t_draft
-    tokens, plen = list(prompt), len(prompt)
+    tokens = list(job.prompt)
     sum_logprob, finished = 0.0, False
-    while not finished and len(tokens) - plen < max_new_tokens:
-        room = min(options.max_draft, max_new_tokens - (len(tokens) - plen) - 1,
+    while not finished and len(tokens) - plen < job.max_new_tokens:
+        room = min(options.max_draft, job.max_new_tokens - (len(tokens) - plen) - 1,
                    state.cache.max_len - state.cache.length - 2) if drafting_pays(stats, options.stop_below) else 0
         t0 = time.perf_counter()
-        req = DraftRequest(tokens, plen, max(0, room), state, hidden, filt, options.sampling.greedy, gen)
+        req = DraftRequest(tokens, plen, max(0, room), state, hidden, filt, job.sampling.greedy, gen)
         proposal = drafter.propose(req) if room > 0 else DraftProposal([], [])
         t1 = time.perf_counter()
-        emitted, logprobs, hidden, rows0 = _verify_step(target, state, tokens, plen, proposal, filt, options, gen)
-        if stats.verify_steps == 0 and no_speech is not None and sot_index == plen - 1:  # the first step scored sot
-            no_speech_prob = float(rows0.softmax(-1)[no_speech])
+        emitted, logprobs, hidden, rows0 = _verify_step(target, state, tokens, plen, proposal, filt, job.sampling,
+                                                        gen, options.verify_backend)
+        if stats.verify_steps == 0:  # the first step scored the pending prompt token
+            probed = probe_at(job, plen - 1, rows0) if probed is None else probed
         stats.target_forwards += 1
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += time.perf_counter() - t1
         stats.drafted += len(proposal)
-        used, sum_logprob, finished = commit_emitted(tokens, emitted, logprobs, sum_logprob, plen, eot,
-                                                     max_new_tokens)
+        used, sum_logprob, finished = commit_emitted(tokens, emitted, logprobs, sum_logprob, plen, job.eot,
+                                                     job.max_new_tokens)
         stats.tokens += used
         stats.record_step(max(depths(proposal.parents), default=0), used - 1)
         t2 = time.perf_counter()
         drafter.commit(tokens)
         stats.draft_seconds += time.perf_counter() - t2
     stats.decode_seconds = time.perf_counter() - t_start
-    return DecodeResult(tokens[plen:], sum_logprob, no_speech_prob, finished, stats)
+    return DecodeResult(tokens[plen:], sum_logprob, probed or 0.0, finished, stats)
 
 
 def commit_emitted(tokens: list[int], emitted: list[int], logprobs: list[float], sum_logprob: float, plen: int,
@@ -136,18 +115,17 @@ def commit_emitted(tokens: list[int], emitted: list[int], logprobs: list[float],
     return used, sum_logprob, False
 
 
-def _verify_step(target, state, tokens, plen, proposal: DraftProposal, filt, options, gen):
+def _verify_step(target, state, tokens, plen, proposal: DraftProposal, filt, sampling: SamplingParams, gen,
+                 backend: Backend):
     """One target forward over ``[pending] + proposal``; returns emitted tokens and their log-probs."""
     start, dev = state.cache.length, state.cache.device
-    n = len(proposal)
     scored = host_to_device([[tokens[-1], *proposal.tokens]], torch.long, dev)
     if is_chain(proposal.parents):  # the causal default: a target may compute a chain as it computes AR steps
         out = target.score(state, scored)
     else:
         mask, positions = tree_inputs(proposal.parents, start, dev)
         out = target.score(state, scored, positions=positions, tree_mask=mask)
-    kept, emitted, logprobs = accept_draft(out.logits[0], tokens[plen:], proposal, filt, options.sampling,
-                                           gen, options.verify_backend)
+    kept, emitted, logprobs = accept_draft(out.logits[0], tokens[plen:], proposal, filt, sampling, gen, backend)
     state.cache.compact(start, [start] + [start + 1 + i for i in kept])
     return emitted, logprobs, out.hidden.select([0] + [i + 1 for i in kept]), out.logits[0, 0]
 

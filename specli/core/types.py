@@ -63,6 +63,15 @@ class Target(Protocol):
     ) -> ScoreOutput: ...
 
 
+class BeamTarget(Target, Protocol):
+    """A target that beam search can widen: the hypotheses are the rows of one state (core/beam.py)."""
+
+    def widen(self, state: TargetState, rows: int) -> TargetState:
+        """A ``rows``-row state from a one-row one: its cache's filled slots in every row
+        (:meth:`~specli.core.kv_cache.KVCache.widened`), the row's context (Whisper: encoder output, cross
+        K/V) shared by all rows. Beam search reorders rows through ``state.cache.reorder``."""
+
+
 class LogitRules(Protocol):
     """A pure function from raw logits and each row's sampled prefix to masked logits.
 
@@ -128,7 +137,7 @@ class DecodeResult:
 
     tokens: list[int]  # sampled tokens after the prompt, eot excluded
     sum_logprob: float  # sum of the sampled tokens' log-probabilities (eot included)
-    no_speech_prob: float  # probability of <|nospeech|> at the start-of-transcript position
+    probed: float  # the job's probe (Whisper: P(<|nospeech|>) at <|startoftranscript|>); 0.0 without one
     finished: bool  # True when eot was reached, False when the length limit stopped it
     stats: DecodeStats
 

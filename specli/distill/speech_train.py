@@ -43,6 +43,7 @@ from specli.asr.drafters.eagle import draft_vocabulary
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, Eagle3Module, new_eagle3
 from specli.core.drafters.llm.base import SpeechDraftConfig, SpeechDraftModule, TargetParts, target_parts
 from specli.core.sampling import SamplerOptions, build_sampler, request_generator
+from specli.core.job import DecodeJob
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.models.cosyvoice.lm import CosyVoiceModel
 from specli.core.types import DecodeStats, accumulate
@@ -252,8 +253,8 @@ def validate(module: SpeechDraftModule, model: CosyVoiceModel, records: list[dic
                                       min_len=min_len, stop_into=spec.eos)
         state = lm.start(len(prompt) + max_len + 2)
         gen = request_generator(seed, r["id"], state.cache.device)
-        res = speculative_decode(lm, state, prompt, rules, spec.eos, max_len, drafter=drafter,
-                                 options=SpecOptions(max_draft=min(limit, 64), sampling=params), generator=gen)
+        job = DecodeJob(tuple(prompt), rules, spec.eos, max_len, sampling=params, generator=gen)
+        res = speculative_decode(lm, state, job, drafter, SpecOptions(max_draft=min(limit, 64)))
         accumulate(stats, res.stats)
     module.train(was_training)
     return stats

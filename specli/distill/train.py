@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from specli.asr.drafters.eagle import EagleDrafter, SpeechDraftHead, draft_vocabulary, load_head, save_head
+from specli.core.job import DecodeJob
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.models.whisper.loader import WhisperModel
 from specli.models.whisper.rules import WhisperLogitRules
@@ -197,8 +198,8 @@ def validate(head: SpeechDraftHead, model: WhisperModel, windows: list[dict], ma
         rules = WhisperLogitRules.for_model(sp, timestamps=prompt[-1] != sp.no_timestamps)
         state = target.start(w["audio"][None].to(target.dtype))
         max_new = min(224, target.dims.text_ctx - plen)
-        res = speculative_decode(target, state, prompt, rules, sp.eot, max_new, sp.no_speech,
-                                 prompt.index(sp.sot), drafter=drafter, options=SpecOptions(max_draft=max_draft))
+        job = DecodeJob(tuple(prompt), rules, sp.eot, max_new)
+        res = speculative_decode(target, state, job, drafter, SpecOptions(max_draft=max_draft))
         expected = [t for t in tokens[plen:] if t != sp.eot]
         mismatched += int(res.tokens != expected)
         accumulate(stats, res.stats)

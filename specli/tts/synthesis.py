@@ -31,6 +31,7 @@ from specli.core.batched import RowJob, decode_all
 from specli.core.drafters.batched import PerRowDrafters
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.greedy import greedy_decode
+from specli.core.job import DecodeJob
 from specli.core.device import resolve_device
 from specli.core.sampling import SamplerOptions, build_sampler, default_options, request_generator
 from specli.core.speculative import SpecOptions, speculative_decode
@@ -159,14 +160,14 @@ class Synthesizer:
             kind = None if options.drafter == "model" else options.drafter
             self.drafter = load_drafter(options.draft_dir, model.lm, options.draft_options, kind)
 
-    def _job(self, key: object, request: SynthesisRequest, prep: PreparedRequest, device: torch.device) -> RowJob:
+    def _job(self, request: SynthesisRequest, prep: PreparedRequest, device: torch.device) -> DecodeJob:
         """The decode of one prepared request: its sampler's rules and parameters, its own generator."""
         spec, opts = self.model.spec, self.options
         rules, params = build_sampler(opts.sampler, prompt_tokens=request.prompt_tokens,
                                       stop_ids=list(spec.stop_ids), min_len_mask_id=spec.min_length_mask_id,
                                       min_len=prep.min_len, stop_into=spec.eos)
-        return RowJob(key, None, prep.prompt, rules, spec.eos, prep.max_len, sampling=params,
-                      generator=request_generator(opts.seed, request.id, device))
+        return DecodeJob(tuple(prep.prompt), rules, spec.eos, prep.max_len, sampling=params,
+                         generator=request_generator(opts.seed, request.id, device))
 
     def _row_drafter(self, greedy: bool):
         """The drafter of one request. The pool drafter shares the run's pool only when greedy (see the module doc)."""
@@ -179,14 +180,12 @@ class Synthesizer:
         prep = prepare(self.model, request)
         lm, opts = self.model.lm, self.options
         state = lm.start(len(prep.prompt) + prep.max_len + 2)
-        job = self._job(request.id, request, prep, state.cache.device)
-        args = (lm, state, prep.prompt, job.rules, job.eot, prep.max_len)
+        job = self._job(request, prep, state.cache.device)
         drafter = self._row_drafter(job.sampling.greedy)
         if drafter is None:
-            res = greedy_decode(*args, sampling=job.sampling, generator=job.generator)
+            res = greedy_decode(lm, state, job)
         else:
-            res = speculative_decode(*args, drafter=drafter, generator=job.generator,
-                                     options=SpecOptions(max_draft=opts.max_draft, sampling=job.sampling))
+            res = speculative_decode(lm, state, job, drafter, SpecOptions(max_draft=opts.max_draft))
         return _result(request, prep, res)
 
     def synthesize_batch(self, requests: Sequence[SynthesisRequest], batch_size: int
@@ -204,11 +203,11 @@ class Synthesizer:
             except SynthesisInputError as exc:
                 yield i, exc
                 continue
-            jobs.append(self._job(i, request, preps[i], device))
+            jobs.append(RowJob(i, None, self._job(request, preps[i], device)))
         if not jobs:
             return
-        longest = max(len(j.prompt) + j.max_new_tokens + 2 for j in jobs)
-        drafter = self._batch_drafter(jobs[0].sampling.greedy)  # one sampler a run
+        longest = max(len(j.job.prompt) + j.job.max_new_tokens + 2 for j in jobs)
+        drafter = self._batch_drafter(jobs[0].job.sampling.greedy)  # one sampler a run
         for i, res in decode_all(self.model.lm, jobs, batch_size, longest, drafter=drafter,
                                  options=SpecOptions(max_draft=self.options.max_draft)):
             yield i, _result(requests[i], preps[i], res)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -200,6 +200,13 @@ class WhisperTarget:
             d.decoder_layers, feats.shape[0], heads, max_len or d.text_ctx, d.d_model // heads, self.dtype, feats.device
         )
         return DecoderState(feats, cross, cache, features)
+
+    def widen(self, state: DecoderState, rows: int) -> DecoderState:
+        """Beam search's ``rows``-row state of a one-row window state: the cache's filled slots copied to every
+        row, the encoder output and cross-attention K/V broadcast (views, no copy)."""
+        cross = tuple((k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in state.cross_kv)
+        return replace(state, audio_features=state.audio_features.expand(rows, -1, -1), cross_kv=cross,
+                       cache=state.cache.widened(rows), features=None)
 
     def _cross_kv(self, feats: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
         """Cross-attention K/V of every decoder layer for encoder output ``feats [B, A, d]``, contiguous, in

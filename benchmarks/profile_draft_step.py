@@ -43,7 +43,8 @@ import torch.nn.functional as F
 
 from specli.io.audio import window_features
 from specli.core.drafters.base import DraftRequest, ModelDraftOptions
-from specli.asr.drafters.eagle import EagleDrafter, load_head
+from specli.asr.drafters.eagle_head import load_head
+from specli.asr.drafters.eagle import EagleDrafter
 from specli.core.greedy import greedy_decode
 from specli.core.job import DecodeJob
 from specli.core.logits import filter_logits

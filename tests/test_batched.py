@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from specli.core.batched import BatchDecoder, RowJob, decode_all
 from specli.core.drafters.base import ModelDraftOptions
 from specli.core.drafters.batched import PerRowDrafters
-from specli.asr.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead
+from specli.asr.drafters.eagle_head import EagleConfig, SpeechDraftHead
+from specli.asr.drafters.eagle import EagleDrafter
 from specli.asr.drafters.eagle_batched import BatchedEagleDrafter
 from specli.asr.drafters.model import ModelDrafter
 from specli.core.drafters.ngram import NgramDrafter, NgramPool

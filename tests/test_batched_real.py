@@ -18,7 +18,7 @@ from specli.core.job import DecodeJob, Probe
 from specli.io.audio import N_SAMPLES, load_audio, window_features
 from specli.core.batched import RowJob, decode_all
 from specli.core.drafters.batched import PerRowDrafters
-from specli.asr.drafters.eagle import load_head
+from specli.asr.drafters.eagle_head import load_head
 from specli.asr.drafters.eagle_batched import BatchedEagleDrafter
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.greedy import greedy_decode

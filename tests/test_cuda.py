@@ -25,7 +25,8 @@ DEV = torch.device(os.environ.get("SPECLI_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEV.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
 
 from conftest import EN_CLIPS, ES_CLIPS  # noqa: E402
-from specli.asr.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead  # noqa: E402
+from specli.asr.drafters.eagle_head import EagleConfig, SpeechDraftHead  # noqa: E402
+from specli.asr.drafters.eagle import EagleDrafter  # noqa: E402
 from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions  # noqa: E402
 from specli.core.drafters.ngram import NgramDrafter, NgramPool  # noqa: E402
 from specli.core.drafters.recycling import RecyclingDrafter  # noqa: E402

@@ -19,7 +19,7 @@ from conftest import ES_CLIPS
 from specli.core.job import DecodeJob
 from specli.distill.data import load_windows, read_manifest, window_record
 from specli.distill.train import TrainOptions, dropped, make_batch, noisy, train, unrolled_loss
-from specli.asr.drafters.eagle import EagleConfig, SpeechDraftHead, load_head
+from specli.asr.drafters.eagle_head import EagleConfig, SpeechDraftHead, load_head
 from specli.core.greedy import greedy_decode
 from tiny_models import EOT, NO_TS, SOT, tiny_rules, tiny_target, window
 

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from conftest import EN_CLIPS
 from specli.core.drafters.base import DraftRequest, ModelDraftOptions
 from specli.asr.drafters.dynamic_tree import DynamicTreeDrafter, DynamicTreeOptions
-from specli.asr.drafters.eagle import EagleConfig, EagleDrafter, SpeechDraftHead
+from specli.asr.drafters.eagle_head import EagleConfig, SpeechDraftHead
+from specli.asr.drafters.eagle import EagleDrafter
 from specli.asr.drafters.model import ModelDrafter
 from specli.core.greedy import greedy_decode
 from specli.core.job import DecodeJob, Probe

@@ -18,8 +18,10 @@ from specli.core.job import DecodeJob, Probe
 from specli.distill.data import generate, load_windows, read_manifest, window_record
 from specli.distill.train import TrainOptions, learning_rate, make_batch, start_rows, train, unrolled_loss, validate
 from specli.core.drafters.base import DraftRequest
-from specli.asr.drafters.eagle import (EagleConfig, EagleDrafter, PackedLinear, SpeechDraftHead, cross_attention,
-                                           draft_vocabulary, load_head, packed_for_inference, save_head)
+from specli.asr.drafters.eagle_head import (EagleConfig, PackedLinear, SpeechDraftHead, draft_vocabulary, load_head,
+                                           packed_for_inference, save_head)
+from specli.models.layers import cross_attention
+from specli.asr.drafters.eagle import EagleDrafter
 from specli.asr.drafters.model import ModelDraftOptions
 from specli.core.greedy import greedy_decode
 from specli.core.logits import GREEDY, SamplingParams, filter_logits

@@ -20,7 +20,8 @@ from specli.core.drafters.base import DraftRequest
 from specli.core.drafters.llm.dflash import BlockDrafter, new_dflash
 from specli.core.drafters.llm.dspark import new_dspark
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, new_eagle3
-from specli.core.drafters.llm.base import attach_aux_layers, load_speech_drafter, target_parts
+from specli.core.drafters.llm.base import attach_aux_layers, target_parts
+from specli.core.drafters.llm.speculators import load_speech_drafter, save_speculators
 from specli.tts.drafting import resolve_drafter_dir
 from specli.models.cosyvoice.lm import load_cosyvoice
 from specli.models.cosyvoice.layout import merged_layout, vllm_layout
@@ -69,7 +70,7 @@ VOCAB = list(range(0, 6564, 7)) + [6561]  # a reduced draft vocabulary (every 7t
 @pytest.mark.parametrize("kind", ["dspark", "dflash", "eagle3"])
 def test_save_load_round_trip_is_exact(tmp_path, model, kind):
     module = _module(kind, model, sorted(set(VOCAB)))
-    module.save(tmp_path / kind, training={"steps": 0})
+    save_speculators(module, tmp_path / kind, training={"steps": 0})
     meta = json.loads((tmp_path / kind / "config.json").read_text())
     assert meta["speculators_model_type"] == kind
     assert meta["aux_hidden_state_layer_ids"] == list(module.config.aux_layers)
@@ -115,7 +116,7 @@ def _as_merged(native_dir, out, module, layout, text_rows=(3, 17, 200)):
 def test_a_merged_vocabulary_checkpoint_loads_and_drafts(tmp_path, model):
     module = _module("dspark", model, sorted(set(VOCAB)), head_bias=False, aux_layers=(2, 1, 2),
                      convention="input")
-    module.save(tmp_path / "native")
+    save_speculators(module, tmp_path / "native")
     layout = merged_layout(model.spec, text_vocab=600)
     _as_merged(tmp_path / "native", tmp_path / "merged", module, layout)
     with pytest.raises(ModelLoadError):  # without the layout its ids are not this target's
@@ -133,7 +134,7 @@ def test_a_merged_vocabulary_checkpoint_loads_and_drafts(tmp_path, model):
 
 def test_a_zlab_dflash_checkpoint_loads_with_layer_outputs(tmp_path, model):
     module = _module("dflash", model, aux_layers=(0, 1), convention="output", head_bias=False)
-    module.save(tmp_path / "native")
+    save_speculators(module, tmp_path / "native")
     w = load_file(str(tmp_path / "native" / "model.safetensors"))
     for key in ("d2t", "t2d", "lm_head.weight"):
         del w[key]  # z-lab files hold neither head nor vocabulary maps: both are the target's
@@ -158,7 +159,7 @@ def test_a_zlab_dflash_checkpoint_loads_with_layer_outputs(tmp_path, model):
 
 def test_bad_checkpoints_and_offline_names(tmp_path, model, monkeypatch):
     module = _module("dspark", model, sorted(set(VOCAB)))
-    module.save(tmp_path / "d")
+    save_speculators(module, tmp_path / "d")
     w = load_file(str(tmp_path / "d" / "model.safetensors"))
     w["t2d"] = torch.zeros_like(w["t2d"])
     save_file(w, str(tmp_path / "d" / "model.safetensors"))
@@ -177,7 +178,7 @@ def _run(args):
 
 def test_synthesize_with_a_drafter_directory(tmp_path, ckpt, model):
     module = _module("dspark", model)
-    module.save(tmp_path / "models" / "cosyvoice2-dspark")
+    save_speculators(module, tmp_path / "models" / "cosyvoice2-dspark")
     texts = ["--text", "hello there", "--text", "one two"]
     outs = {}
     for draft in ("none", str(tmp_path / "models" / "cosyvoice2-dspark")):

@@ -34,7 +34,8 @@ from specli.distill.speech_train import (
     train_speech,
     validate,
 )
-from specli.core.drafters.llm.base import load_speech_drafter, target_parts
+from specli.core.drafters.llm.base import target_parts
+from specli.core.drafters.llm.speculators import load_speech_drafter
 from specli.core.sampling import SamplerOptions
 from specli.tts.synthesis import SynthesisRequest
 from specli.models.cosyvoice.lm import load_cosyvoice

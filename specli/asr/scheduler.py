@@ -6,7 +6,8 @@ once: their pending windows are encoded in one encoder call (``[k, n_mels, 3000]
 decode attempts (greedy at temperature 0, plain or speculative: the default) are rows of one
 :class:`~specli.core.batched.BatchDecoder` (speculative presets: EAGLE chains draft for all rows in
 one head forward, n-gram pool drafters one per row over the shared pool; other drafters cannot batch
-yet and their presets run at batch 1, see :func:`batch_unsupported`). A row that finishes frees its
+yet and their presets run at batch 1, see :func:`batch_unsupported`; a drafter batches through its own
+``batched`` hook or one ``fork`` per row, :func:`~specli.core.drafters.batched.batch_drafter`). A row that finishes frees its
 slot: its file moves on (segments, seek, next window) and its next window joins the batch, and a file
 that ends makes room for the next file of the archive. Everything else a file asks for (temperature-fallback re-decodes,
 best-of samples, beam search, language detection, word timestamps) runs for that file alone, inline,
@@ -23,12 +24,7 @@ import torch
 
 from specli.core.batched import BatchDecoder, RowJob
 from specli.asr.fallback import DecodeMethod
-from specli.core.drafters.base import Drafter
-from specli.core.drafters.batched import BatchDrafter, PerRowDrafters
-from specli.asr.drafters.eagle import EagleDrafter
-from specli.asr.drafters.eagle_batched import BatchedEagleDrafter
-from specli.core.drafters.ngram import NgramDrafter
-from specli.core.drafters.recycling import RecyclingDrafter
+from specli.core.drafters.batched import batch_drafter
 from specli.models.whisper.loader import WhisperModel
 from specli.asr.windows import (DecodeRequest, EncodeRequest, Encoded, FileResult, FileSteps,
                                           serve_one)
@@ -53,28 +49,8 @@ def batch_unsupported(model: WhisperModel, decode: DecodeMethod) -> str | None:
     says so), or None."""
     if not callable(getattr(model.target, "start_batch", None)):
         return f"the {type(model.target).__name__} target has no batched decoding"
-    if decode.drafter is not None and _batch_drafter(decode.drafter) is None:
+    if decode.drafter is not None and batch_drafter(decode.drafter, 1) is None:
         return f"the {type(decode.drafter).__name__} drafter cannot draft for a batch yet"
-    return None
-
-
-def _batch_drafter(drafter: Drafter) -> Callable[[int], BatchDrafter] | None:
-    """How to build a batch drafter of ``capacity`` slots for the preset's ``drafter``: the batched EAGLE
-    drafter (one head forward for all rows) for EAGLE chains, else one fresh drafter per row; None when
-    ``drafter`` cannot be rebuilt per row."""
-    if isinstance(drafter, EagleDrafter) and not drafter.options.tree_topk:
-        return lambda capacity: BatchedEagleDrafter(drafter.trained, capacity, drafter.options)
-    make = _per_row(drafter)
-    return None if make is None else (lambda _capacity: PerRowDrafters(make))
-
-
-def _per_row(drafter: Drafter) -> Callable[[], Drafter] | None:
-    """A factory of fresh drafters like ``drafter`` (an n-gram drafter shares its pool), or None."""
-    if isinstance(drafter, NgramDrafter):
-        return lambda: NgramDrafter(drafter.pool, drafter.eot, drafter.min_ngram)
-    if isinstance(drafter, RecyclingDrafter):
-        inner = _per_row(drafter.inner)
-        return None if inner is None else (lambda: RecyclingDrafter(inner(), drafter.max_tail))
     return None
 
 
@@ -117,7 +93,7 @@ class _Scheduler:
         why = batch_unsupported(model, decode)
         if why is not None:
             raise ValueError(why)
-        drafter = None if decode.drafter is None else _batch_drafter(decode.drafter)(capacity)
+        drafter = None if decode.drafter is None else batch_drafter(decode.drafter, capacity)
         self.decoder = BatchDecoder(self.target, capacity, drafter=drafter, options=decode.spec)
         # a compiled encoder is compiled for one input shape: its windows are encoded one at a time
         self.encode_batch = 1 if getattr(self.target, "compiled_encoder", None) is not None else capacity

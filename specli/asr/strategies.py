@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 from specli.core.drafters.base import Drafter
 from specli.asr.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specli.asr.drafters.dynamic_tree import DynamicTreeDrafter, DynamicTreeOptions
-from specli.asr.drafters.eagle import EagleDrafter, load_head
+from specli.asr.drafters.eagle_head import load_head
+from specli.asr.drafters.eagle import EagleDrafter
 from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.drafters.recycling import RecyclingDrafter

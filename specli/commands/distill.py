@@ -178,7 +178,7 @@ def evaluate(val_dirs, preset_name, head, windows, max_draft, dtype) -> None:
     decode itself is lossless)."""
     from specli.distill.data import load_windows
     from specli.distill.train import validate
-    from specli.asr.drafters.eagle import load_head
+    from specli.asr.drafters.eagle_head import load_head
     from specli.presets import load_preset
 
     head = head or load_preset(preset_name).head

@@ -110,6 +110,11 @@ class SamplerOptions:
         if self.min_len_rule not in ("mask", "retry") or self.ras_fallback not in ("exclude", "full"):
             raise ValueError("min_len_rule must be 'mask' or 'retry', ras_fallback 'exclude' or 'full'")
 
+    @property
+    def greedy(self) -> bool:
+        """Argmax decoding: the greedy sampler, or vllm at temperature 0."""
+        return self.name == "greedy" or self.temperature == 0.0
+
     def _check_ranges(self) -> None:
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
@@ -163,7 +168,7 @@ def build_sampler(
     if stop_into is not None and stop_into not in stop_ids:
         raise ValueError("stop_into must be one of stop_ids")
     mask_ids = (min_len_mask_id,) if isinstance(min_len_mask_id, int) else tuple(min_len_mask_id or ())
-    greedy = options.name == "greedy" or options.temperature == 0.0
+    greedy = options.greedy
     merge = _StopMerge(tuple(stop_ids), stop_into, greedy) if stop_into is not None else None
     if options.name == "ras":
         rules: LogitRules = RasRules(options, min_len, mask_ids, merge)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from specli.io.audio import iter_audio_chunks
-from specli.asr.drafters.eagle import target_fingerprint
+from specli.asr.drafters.eagle_head import target_fingerprint
 from specli.asr.fallback import AR, WindowDecode
 from specli.models.whisper.loader import WhisperModel
 from specli.asr.scheduler import transcribe_batched

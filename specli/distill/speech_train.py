@@ -39,7 +39,7 @@ from specli.distill.train import (TrainSummary, _latest_checkpoint, checkpoint_p
                                   write_checkpoint)
 from specli.core.drafters.llm.dflash import BlockDrafter, DFlashModule, new_dflash
 from specli.core.drafters.llm.dspark import DSparkModule, new_dspark
-from specli.asr.drafters.eagle import draft_vocabulary
+from specli.asr.drafters.eagle_head import draft_vocabulary
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, Eagle3Module, new_eagle3
 from specli.core.drafters.llm.base import SpeechDraftConfig, SpeechDraftModule, TargetParts, target_parts
 from specli.core.sampling import SamplerOptions, build_sampler, request_generator
@@ -48,6 +48,7 @@ from specli.core.speculative import SpecOptions, speculative_decode
 from specli.models.cosyvoice.lm import CosyVoiceModel
 from specli.core.types import DecodeStats, accumulate
 from specli.errors import SpecliError
+from specli.core.drafters.llm.speculators import save_speculators
 
 Progress = Callable[[str], None]
 DrafterKind = Literal["dspark", "dflash", "eagle3"]
@@ -351,11 +352,11 @@ def train_speech(
                          f"(per position {rates})")
             if best is None or val > best:  # the drafter saved in OUT is the best validated one
                 best = val
-                module.save(out, _info(options, step, loss_v, val, len(records), manifest))
+                save_speculators(module, out, _info(options, step, loss_v, val, len(records), manifest))
         if stopped is not None:
             _save_checkpoint(ckpt_dir, module, opt, step, epoch, stopped, best)
             break
         _save_checkpoint(ckpt_dir, module, opt, step, epoch + 1, 0, best)
     if best is None or (val is not None and val >= best):  # not validated, or the last one is the best
-        module.save(out, _info(options, step, loss_v, val, len(records), manifest))
+        save_speculators(module, out, _info(options, step, loss_v, val, len(records), manifest))
     return TrainSummary(step, loss_v, val, best, out, spent / max(taken, 1))

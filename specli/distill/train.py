@@ -28,7 +28,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specli.asr.drafters.eagle import EagleDrafter, SpeechDraftHead, draft_vocabulary, load_head, save_head
+from specli.asr.drafters.eagle_head import SpeechDraftHead, draft_vocabulary, load_head, save_head
+
+from specli.asr.drafters.eagle import EagleDrafter
 from specli.core.job import DecodeJob
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.models.whisper.loader import WhisperModel

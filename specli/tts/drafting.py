@@ -19,7 +19,8 @@ from specli.core.drafters.base import Drafter, ModelDraftOptions
 from specli.core.drafters.llm.dflash import BlockDraftModule, BlockDrafter
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, Eagle3Module
 from specli.core.drafters.recycling import RecyclingDrafter
-from specli.core.drafters.llm.base import KINDS, SpeechDraftModule, attach_aux_layers, load_speech_drafter
+from specli.core.drafters.llm.base import KINDS, SpeechDraftModule, attach_aux_layers
+from specli.core.drafters.llm.speculators import load_speech_drafter
 from specli.errors import ModelLoadError
 
 SpeechStrategy = Literal["chain", "adaptive", "sparse-tree", "recycling"]

@@ -28,14 +28,15 @@ from dataclasses import dataclass, field
 import torch
 
 from specli.core.batched import RowJob, decode_all
-from specli.core.drafters.batched import PerRowDrafters
+from specli.core.drafters.base import Drafter, finish_window
+from specli.core.drafters.batched import batch_drafter
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.greedy import greedy_decode
 from specli.core.job import DecodeJob
 from specli.core.device import resolve_device
 from specli.core.sampling import SamplerOptions, build_sampler, default_options, request_generator
 from specli.core.speculative import SpecOptions, speculative_decode
-from specli.tts.drafting import SpeechDraftOptions, load_drafter, wrap
+from specli.tts.drafting import SpeechDraftOptions, load_drafter
 from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT, TextTokenizerError
 from specli.core.types import DecodeResult, DecodeStats
@@ -144,6 +145,9 @@ class OwnTokensDrafter(NgramDrafter):
     """The n-gram drafter over the request's own tokens only: each ``start`` begins with an empty pool, so a
     request's drafts (and so its sampled tokens) do not depend on the requests decoded before it."""
 
+    def fork(self) -> OwnTokensDrafter:
+        return OwnTokensDrafter(NgramPool(self.pool.max_ngram), self.eot, self.min_ngram)
+
     def start(self, state, prompt: list[int]) -> None:
         super().start(state, prompt)
         self.pool = NgramPool(self.pool.max_ngram)
@@ -155,8 +159,11 @@ class Synthesizer:
     def __init__(self, model: CosyVoiceModel, options: SynthesisOptions = SynthesisOptions()) -> None:
         self.model, self.options = model, options
         eos = model.spec.eos
-        self.drafter = NgramDrafter(NgramPool(options.ngram), eos) if options.drafter == "pool" else None
-        if options.drafter not in ("none", "pool"):  # loads the drafter and attaches its layers to the LM
+        self.drafter: Drafter | None = None
+        if options.drafter == "pool":  # sampled: each request drafts from its own tokens (see the module doc)
+            pool = NgramPool(options.ngram)
+            self.drafter = NgramDrafter(pool, eos) if options.sampler.greedy else OwnTokensDrafter(pool, eos)
+        elif options.drafter != "none":  # loads the drafter and attaches its layers to the LM
             kind = None if options.drafter == "model" else options.drafter
             self.drafter = load_drafter(options.draft_dir, model.lm, options.draft_options, kind)
 
@@ -169,23 +176,16 @@ class Synthesizer:
         return DecodeJob(tuple(prep.prompt), rules, spec.eos, prep.max_len, sampling=params,
                          generator=request_generator(opts.seed, request.id, device))
 
-    def _row_drafter(self, greedy: bool):
-        """The drafter of one request. The pool drafter shares the run's pool only when greedy (see the module doc)."""
-        if not isinstance(self.drafter, NgramDrafter) or greedy:
-            return self.drafter
-        return OwnTokensDrafter(NgramPool(self.options.ngram), self.model.spec.eos)
-
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
         """Speech tokens for ``request`` (raises :class:`SynthesisInputError` for a bad request)."""
         prep = prepare(self.model, request)
         lm, opts = self.model.lm, self.options
         state = lm.start(len(prep.prompt) + prep.max_len + 2)
         job = self._job(request, prep, state.cache.device)
-        drafter = self._row_drafter(job.sampling.greedy)
-        if drafter is None:
+        if self.drafter is None:
             res = greedy_decode(lm, state, job)
         else:
-            res = speculative_decode(lm, state, job, drafter, SpecOptions(max_draft=opts.max_draft))
+            res = speculative_decode(lm, state, job, self.drafter, SpecOptions(max_draft=opts.max_draft))
         return _result(request, prep, res)
 
     def synthesize_batch(self, requests: Sequence[SynthesisRequest], batch_size: int
@@ -207,27 +207,15 @@ class Synthesizer:
         if not jobs:
             return
         longest = max(len(j.job.prompt) + j.job.max_new_tokens + 2 for j in jobs)
-        drafter = self._batch_drafter(jobs[0].job.sampling.greedy)  # one sampler a run
+        finish_window(self.drafter)  # a request decoded before by synthesize() joins a shared pool
+        drafter = None if self.drafter is None else batch_drafter(self.drafter, batch_size)  # one fork a row
         for i, res in decode_all(self.model.lm, jobs, batch_size, longest, drafter=drafter,
                                  options=SpecOptions(max_draft=self.options.max_draft)):
             yield i, _result(requests[i], preps[i], res)
 
-    def _batch_drafter(self, greedy: bool) -> PerRowDrafters | None:
-        """One drafter per row of a batch: pool drafters as :meth:`_row_drafter`'s, a model drafter's module
-        wrapped again (rows share its weights, each keeps its own drafting state)."""
-        if self.drafter is None:
-            return None
-        if isinstance(self.drafter, NgramDrafter):
-            self.drafter.finish_window()  # a request decoded before by synthesize() joins the pool
-            pool, eos = self.drafter.pool, self.model.spec.eos
-            return PerRowDrafters(lambda: NgramDrafter(pool, eos) if greedy else self._row_drafter(False))
-        module = getattr(self.drafter, "inner", self.drafter).module  # under RecyclingDrafter's wrapper
-        return PerRowDrafters(lambda: wrap(module, self.options.draft_options))
-
     def finish(self) -> None:
         """Add the last request's output to the drafter's pool (end of a run)."""
-        if isinstance(self.drafter, NgramDrafter):
-            self.drafter.finish_window()
+        finish_window(self.drafter)
 
 
 def _result(request: SynthesisRequest, prep: PreparedRequest, res: DecodeResult) -> SynthesisResult:

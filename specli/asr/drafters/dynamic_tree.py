@@ -35,7 +35,7 @@ import torch
 
 from specli.core.device import host_to_device
 from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest
-from specli.asr.drafters.eagle import SpeechDraftHead, packed_for_inference
+from specli.asr.drafters.eagle_head import SpeechDraftHead, packed_for_inference
 from specli.core.kv_cache import KVCache
 from specli.core.logits import DraftVocab
 from specli.models.whisper.target import DecoderState

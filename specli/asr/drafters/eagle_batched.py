@@ -21,7 +21,7 @@ import torch
 
 from specli.core.device import host_to_device
 from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest, ModelDraftOptions, draft_token
-from specli.asr.drafters.eagle import SpeechDraftHead, packed_for_inference
+from specli.asr.drafters.eagle_head import SpeechDraftHead, packed_for_inference
 from specli.core.logits import DraftVocab
 from specli.core.tree import chain_parents
 from specli.core.types import TargetState

@@ -59,7 +59,14 @@ EMPTY = DraftProposal([], [])
 
 
 class Drafter(Protocol):
-    """Proposes draft tokens; learns what was committed after each verification."""
+    """Proposes draft tokens; learns what was committed after each verification.
+
+    Optional hooks (looked up with ``getattr``; a drafter without them simply lacks the ability):
+    ``fork() -> Drafter | None`` a fresh drafter for another sequence decoded beside this one, sharing what
+    is shared (an n-gram pool, a trained module) and nothing per-sequence (None: it cannot draft beside
+    others); ``batched(capacity) -> BatchDrafter | None`` a batch drafter of its own (EAGLE chains: every
+    row in one head forward); ``finish_window()`` the sequence ended (an n-gram pool learns it).
+    """
 
     def start(self, state: TargetState, prompt: list[int]) -> None:
         """A new window: reset per-window state (caches) for this target state and prompt."""
@@ -68,6 +75,19 @@ class Drafter(Protocol):
 
     def commit(self, tokens: list[int]) -> None:
         """The committed sequence after verification (prompt + sampled, the new pending last)."""
+
+
+def fork(drafter: Drafter) -> Drafter | None:
+    """``drafter.fork()``: a drafter for another sequence beside this one, or None when it has none."""
+    make = getattr(drafter, "fork", None)
+    return None if make is None else make()
+
+
+def finish_window(drafter: Drafter | None) -> None:
+    """Tell ``drafter`` its sequence ended (``finish_window`` hook; nothing for drafters without one)."""
+    hook = getattr(drafter, "finish_window", None)
+    if hook is not None:
+        hook()
 
 
 @dataclass(frozen=True)

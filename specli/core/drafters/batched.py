@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from specli.core.drafters.base import EMPTY, Drafter, DraftProposal, DraftRequest
+from specli.core.drafters.base import EMPTY, Drafter, DraftProposal, DraftRequest, finish_window, fork
 from specli.core.types import TargetState
 
 
@@ -38,7 +38,7 @@ class PerRowDrafters:
     """A :class:`BatchDrafter` made of one :class:`Drafter` per row, built by ``make()`` at admission.
 
     Rows draft one after another (each with its own state, filter and generator). A drafter with a
-    ``finish_window`` method (the n-gram drafter) is told when its row ends, so a shared pool learns
+    ``finish_window`` hook (the n-gram drafter) is told when its row ends, so a shared pool learns
     each finished hypothesis. Drafters of finished rows are reused for new rows (``start`` resets a
     drafter's per-window state), so at most ``capacity`` are ever built.
     """
@@ -61,10 +61,20 @@ class PerRowDrafters:
 
     def finish(self, slot: int) -> None:
         drafter = self.rows.pop(slot)
-        finish_window = getattr(drafter, "finish_window", None)
-        if finish_window is not None:
-            finish_window()
+        finish_window(drafter)
         self._idle.append(drafter)
 
     def move(self, src: int, dst: int) -> None:
         self.rows[dst] = self.rows.pop(src)
+
+
+def batch_drafter(drafter: Drafter, capacity: int) -> BatchDrafter | None:
+    """``drafter`` drafting for a batch of ``capacity`` rows: its own batch drafter (``batched`` hook), else one
+    fork per row (:class:`PerRowDrafters`), else None (it cannot draft beside other sequences)."""
+    own = getattr(drafter, "batched", None)
+    batched = None if own is None else own(capacity)
+    if batched is not None:
+        return batched
+    if fork(drafter) is None:
+        return None
+    return PerRowDrafters(lambda: fork(drafter))

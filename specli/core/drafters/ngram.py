@@ -66,6 +66,10 @@ class NgramDrafter:
         self._window = NgramPool(pool.max_ngram)  # this window's own tokens (self-lookup)
         self._prompt_len = 0
 
+    def fork(self) -> NgramDrafter:
+        """A drafter for another sequence drawing on (and adding to) the same pool."""
+        return NgramDrafter(self.pool, self.eot, self.min_ngram)
+
     def start(self, state: TargetState, prompt: list[int]) -> None:
         self.finish_window()
         self._window = NgramPool(self.pool.max_ngram)

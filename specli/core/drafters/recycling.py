@@ -9,7 +9,7 @@ are merged into one token tree, so a single target pass verifies them all.
 
 from __future__ import annotations
 
-from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest
+from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest, fork
 from specli.core.types import TargetState
 
 
@@ -43,6 +43,11 @@ class RecyclingDrafter:
         self._last: list[int] = []  # the last proposal's main chain
         self._base = 0  # committed length when it was proposed
         self._tails: list[list[int]] = []
+
+    def fork(self) -> RecyclingDrafter | None:
+        """Recycling around a fork of the inner drafter (None when it has none)."""
+        inner = fork(self.inner)
+        return None if inner is None else RecyclingDrafter(inner, self.max_tail)
 
     def start(self, state: TargetState, prompt: list[int]) -> None:
         self.inner.start(state, prompt)

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import torch
 
-from specli.models.cosyvoice.layout import InputLayout, ModelKind, RasSettings, SpeechLMSpec
+from specli.core.drafters.llm.layout import VocabLayout
+from specli.models.cosyvoice.layout import (InputLayout, ModelKind, RasSettings, SpeechLMSpec, merged_layout,
+                                           vllm_layout)
 from specli.models.cosyvoice.text import CosyVoiceTokenizer
 from specli.models.cosyvoice.yaml import Tagged, read_hyperpyyaml
 from specli.models.layers import Linear
@@ -57,6 +59,13 @@ class CosyVoiceLM:
     def vocab(self) -> int:
         """Outputs of the head (speech rows)."""
         return self.spec.speech_rows
+
+    def token_layout(self, record: dict) -> VocabLayout:
+        """The layout a drafter file's ``token_layout`` record names: the official vLLM export or SpeechSpec's
+        merged vocabulary (their speech ids map onto this LM's native ones)."""
+        if record.get("name") == "vllm":
+            return vllm_layout(self.spec, record.get("pad_to", 1))
+        return merged_layout(self.spec, record["text_vocab"], record.get("pad_to", 128))
 
     def start(self, max_len: int, device: torch.device | str | None = None) -> Qwen2State:
         return self.qwen.start(max_len, 1, device)  # None: the target's device

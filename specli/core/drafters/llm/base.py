@@ -10,7 +10,7 @@ trainer needs is on :class:`SpeechDraftModule`:
   draft vocabulary for every (anchor, slot) and the position of the token each slot predicts (the
   target's distribution for that token is its logits row ``position - 1``);
 * ``module.draft_ids`` -- target id of each draft-vocabulary row (``to_draft_rows`` maps back);
-* ``module.save(dir)`` / :func:`load_speech_drafter` -- the speculators format (config.json +
+* :func:`~specli.core.drafters.llm.speculators.save_speculators` / ``load_speech_drafter`` -- the speculators format (config.json +
   model.safetensors; see :mod:`specli.core.drafters.llm.speculators`).
 
 Positions and features. ``context [B, T, n_aux * H]`` is the concatenation of the target's auxiliary
@@ -354,22 +354,6 @@ class SpeechDraftModule(nn.Module):
         """Teacher-forced logits; ``context [B, T, n_aux*H]``, ``input_ids [B, T]``, ``anchors [B, A]``
         (block drafters: positions whose token fills slot 0; EAGLE-3: ignored, every position)."""
         raise NotImplementedError
-
-    def save(self, out: str | Path, training: dict | None = None) -> Path:
-        """Write the speculators format (config.json + model.safetensors) to ``out``."""
-        from specli.core.drafters.llm.speculators import save_speculators
-
-        return save_speculators(self, out, training)
-
-
-def load_speech_drafter(path: str | Path, target, layout=None) -> SpeechDraftModule:
-    """Load a speculators-format or z-lab DFlash directory for ``target`` (ids mapped from ``layout``,
-    a :class:`~specli.models.cosyvoice.layout.VocabLayout`, when the drafter was trained on
-    another layout of the same LM; read from config.json when it says)."""
-    from specli.core.drafters.llm.speculators import load_speculators
-
-    return load_speculators(path, target, layout)
-
 
 def anchor_positions(anchors: torch.Tensor, slots: int, offset: int, length: int) -> torch.Tensor:
     """Positions predicted by each slot: ``anchor + slot + offset``, ``-1`` past ``length``. [B, A, S]"""

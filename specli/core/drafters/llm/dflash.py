@@ -196,6 +196,10 @@ class BlockDrafter:
         self.options = options
         self._ctx: ContextCache | None = None
 
+    def fork(self) -> BlockDrafter:
+        """A drafter for another sequence over the same module (its context cache its own)."""
+        return BlockDrafter(self.module, self.options)
+
     def start(self, state, prompt: list[int]) -> None:
         self._ctx = ContextCache(self.module, state.cache.max_len + self.module.config.block_size)
 

@@ -107,6 +107,10 @@ class Eagle3Drafter:
         self._kv: KVCache | None = None
         self._g: torch.Tensor | None = None  # [max_len, H] fused target state of each committed position
 
+    def fork(self) -> Eagle3Drafter:
+        """A drafter for another sequence over the same module (its caches its own)."""
+        return Eagle3Drafter(self.module, self.options)
+
     def start(self, state, prompt: list[int]) -> None:
         cfg, dev = self.module.config, self.module.parts.device
         n = state.cache.max_len + MAX_STEPS + 2

@@ -20,7 +20,7 @@ keys, no head or embedding (both the target's).
 Conventions when a file does not say: speculators ids are layer inputs (vLLM captures them), z-lab
 ids are layer outputs. Token ids of a drafter trained against another layout of the same CosyVoice
 LM (SpeechSpec's merged vocabulary, the official vLLM export) are mapped with a
-:class:`~specli.models.cosyvoice.layout.VocabLayout`: draft rows that are not speech ids in
+:class:`~specli.core.drafters.llm.layout.VocabLayout`: draft rows that are not speech ids in
 that layout are dropped (they could never be verified), the Markov table is re-indexed, and the
 mask token is mapped to the native input layout.
 """
@@ -28,14 +28,20 @@ mask token is mapped to the native input layout.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from specli.core.drafters.llm.base import SpeechDraftConfig, SpeechDraftModule, TargetParts, target_parts
-from specli.models.cosyvoice.layout import VocabLayout, merged_layout, vllm_layout
+from specli.core.drafters.llm.base import (SpeechDraftConfig, SpeechDraftModule, TargetParts, default_aux_layers,
+                                          target_parts)
+from specli.core.drafters.llm.dflash import DFlashModule
+from specli.core.drafters.llm.dspark import DSparkModule
+from specli.core.drafters.llm.eagle3 import Eagle3Module
+from specli.core.drafters.llm.layout import VocabLayout
 from specli.errors import ModelLoadError
+from specli.io.atomic import write_atomic
 
 ARCHITECTURES = {"dspark": "DSparkSpeculator", "dflash": "DFlashSpeculator", "eagle3": "Eagle3Speculator"}
 
@@ -82,9 +88,7 @@ def save_speculators(module: SpeechDraftModule, out: str | Path, training: dict 
     }
     if cfg.kind == "eagle3":
         meta["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layers)
-    tmp = out / "config.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
-    tmp.replace(out / "config.json")
+    write_atomic(out / "config.json", json.dumps(meta, indent=2, sort_keys=True))
     return out
 
 
@@ -120,7 +124,6 @@ def _config_from(meta: dict, weights: dict, parts: TargetParts, rows_kept: int, 
     aux = (dflash_cfg.get("target_layer_ids") if zlab else
            meta.get("aux_hidden_state_layer_ids") or meta.get("eagle_aux_hidden_state_layer_ids"))
     if not aux:
-        from specli.core.drafters.llm.base import default_aux_layers
 
         aux, _ = default_aux_layers(kind, parts.layers, lc.get("num_hidden_layers", 3))
     rope = lc.get("rope_parameters") or {}
@@ -145,16 +148,15 @@ def _config_from(meta: dict, weights: dict, parts: TargetParts, rows_kept: int, 
 
 
 def _layout_for(meta: dict, target, layout: VocabLayout | None) -> VocabLayout | None:
-    """The layout the file's ids refer to: given, recorded by specli, or None (native ids)."""
+    """The layout the file's ids refer to: given, recorded by specli (the target maps the record to one of its
+    layouts: ``target.token_layout(record)``), or None (native ids)."""
     if layout is not None:
         return layout
     rec = meta.get("specli", {}).get("extra", {}).get("token_layout")
-    spec = getattr(target, "spec", None)
-    if not rec or rec.get("name") == "native" or spec is None:
+    token_layout = getattr(target, "token_layout", None)
+    if not rec or rec.get("name") == "native" or token_layout is None:
         return None
-    if rec["name"] == "vllm":
-        return vllm_layout(spec, rec.get("pad_to", 1))
-    return merged_layout(spec, rec["text_vocab"], rec.get("pad_to", 128))
+    return token_layout(rec)
 
 
 def _input_id(layout: VocabLayout | None, target, layout_id: int) -> int:
@@ -173,12 +175,10 @@ def _input_id(layout: VocabLayout | None, target, layout_id: int) -> int:
     raise ModelLoadError(f"mask token id {layout_id} has no native input id in the {layout.name} layout")
 
 
-def load_speculators(path: str | Path, target, layout: VocabLayout | None = None) -> SpeechDraftModule:
-    """Load a speculators-format or z-lab DFlash directory for ``target``; see the module docstring."""
-    from specli.core.drafters.llm.dflash import DFlashModule
-    from specli.core.drafters.llm.dspark import DSparkModule
-    from specli.core.drafters.llm.eagle3 import Eagle3Module
-
+def load_speech_drafter(path: str | Path, target, layout: VocabLayout | None = None) -> SpeechDraftModule:
+    """Load a speculators-format or z-lab DFlash directory for ``target`` (ids mapped from ``layout`` when the
+    drafter was trained on another layout of the same LM; read from config.json when it says); see the module
+    docstring."""
     path = Path(path)
     meta, w = _read(path)
     parts = target_parts(target)
@@ -267,8 +267,6 @@ def _load_head(module: SpeechDraftModule, w: dict, keep: torch.Tensor) -> None:
 
 def _with_own_embedding(parts: TargetParts, table: torch.Tensor, layout: VocabLayout | None, target) -> TargetParts:
     """``parts`` whose ``embed`` reads the drafter's own table (rows in the file's layout)."""
-    from dataclasses import replace
-
     table = table.float().to(parts.device)
     lay = getattr(target, "layout", None)
 

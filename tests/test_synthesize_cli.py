@@ -133,7 +133,7 @@ def test_bench_synthesis_presets(tmp_path, cv3):
                         "r-pool": 'strategy = "chain"\ndrafter = "pool"\n'}.items():
         sampler = "ras" if name.startswith("r") else "greedy"
         presets[name] = tmp_path / f"{name}.toml"
-        presets[name].write_text(f'task = "synthesize"\nmodel = "{cv3}"\nsampler = "{sampler}"\n{extra}')
+        presets[name].write_text(f'family = "cosyvoice"\nmodel = "{cv3}"\nsampler = "{sampler}"\n{extra}')
     texts = tmp_path / "t.txt"
     texts.write_text("hello\nhello\n")
     out = tmp_path / "bench"

@@ -15,6 +15,7 @@ from specli.core.drafters.recycling import RecyclingDrafter
 from specli.asr.fallback import AR, DecodeMethod
 from specli.core.speculative import SpecOptions
 from specli.core.device import dtype_name, resolve_device
+from specli.models.registry import family
 from specli.models.whisper.loader import WhisperModel, load_whisper
 from specli.presets import Preset
 
@@ -80,6 +81,6 @@ def load_engine(preset: Preset, model: str | None = None, dtype: str | None = No
     compiled if asked) and build its decoder. ``Engine.preset`` holds the effective dtype and device."""
     p = replace(preset, model=model or preset.model, dtype=dtype or preset.dtype, device=device or preset.device)
     dev = resolve_device(p.device)
-    whisper = load_whisper(p.model, p.dtype, compile_encoder, dev)
+    whisper = family(p.family).load(p.model, p.dtype, compile_encoder=compile_encoder, device=dev)
     p = replace(p, dtype=dtype_name(whisper.target.dtype), device=str(dev))
     return Engine(p, whisper, build_decoder(p, whisper, language))

@@ -8,6 +8,8 @@ transcript of the same file.
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 from datetime import datetime, timezone
 from collections.abc import Callable, Sequence
@@ -16,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 
+from specli import __version__ as specli_version
 from specli.io.audio import SAMPLE_RATE, load_audio
 from specli.asr.pipeline import discover
 from specli.bench import wer
@@ -238,13 +242,6 @@ def read_loadavg() -> list[float] | None:
 
 def machine_info(threads: int | None) -> dict:
     """CPU model, core count, threads and library versions, for report.json."""
-    import os
-    import platform
-
-    import transformers
-
-    import specli
-
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -254,7 +251,7 @@ def machine_info(threads: int | None) -> dict:
     except OSError:
         pass
     versions = {"python": platform.python_version(), "torch": torch.__version__,
-                "transformers": transformers.__version__, "specli": specli.__version__}
+                "transformers": transformers.__version__, "specli": specli_version}
     for pkg in ("faster_whisper", "ctranslate2"):
         try:
             versions[pkg] = __import__(pkg).__version__

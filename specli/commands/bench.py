@@ -13,7 +13,10 @@ from specli.bench.render import write_report
 from specli.bench.report import Bins
 from specli.bench.runlog import read_runlog
 from specli.bench.runner import BenchOptions, report_from_runs, run_bench
+from specli.bench.synthesis import SynthesisBenchOptions, run_synthesis_bench, summary_lines, write_synthesis_report
+from specli.bench.throughput import parse_batch_sizes, run_throughput, write_throughput_report
 from specli.commands.interrupt import report_interrupt
+from specli.presets import preset_task
 
 RUNS_NAME = "runs.jsonl"
 
@@ -23,8 +26,6 @@ def _csv(_ctx, _param, value: str | None) -> tuple[str, ...]:
 
 
 def _batch_sizes(_ctx, _param, value: str | None) -> tuple[int, ...]:
-    from specli.bench.throughput import parse_batch_sizes
-
     try:
         return parse_batch_sizes(value) if value is not None else ()
     except ValueError as exc:
@@ -134,8 +135,6 @@ def _runs_kept(runs_path: Path) -> str:
 
 def _bench_throughput(inputs, opts: BenchOptions, references, progress, command: str, out: Path) -> None:
     """--batch-sizes: whole-set throughput per (system, batch size); report.json and report.md."""
-    from specli.bench.throughput import run_throughput, write_throughput_report
-
     report = run_throughput(inputs, opts, references, progress, command)
     written = write_throughput_report(report, out)
     for row in report["throughput"]:
@@ -145,10 +144,8 @@ def _bench_throughput(inputs, opts: BenchOptions, references, progress, command:
 
 
 def _synthesis_presets(presets: tuple[str, ...]) -> bool:
-    """True when the presets are synthesis presets (``task = "synthesize"``); mixing is an error."""
-    from specli.presets import read_preset_toml
-
-    kinds = {read_preset_toml(p)[1].get("task", "transcribe") for p in presets}
+    """True when the presets are synthesis presets (their family's task); mixing is an error."""
+    kinds = {preset_task(p) for p in presets}
     if len(kinds) > 1:
         raise click.UsageError("--presets mixes transcription and synthesis presets")
     return kinds == {"synthesize"}
@@ -157,9 +154,6 @@ def _synthesis_presets(presets: tuple[str, ...]) -> bool:
 def _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out: Path, quiet: bool) -> None:
     """Synthesis presets: INPUTS are text files / JSONL manifests (see specli.bench.synthesis)."""
     import torch
-
-    from specli.bench.synthesis import (SynthesisBenchOptions, run_synthesis_bench, summary_lines,
-                                        write_synthesis_report)
 
     if threads:
         torch.set_num_threads(threads)

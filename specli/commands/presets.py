@@ -5,20 +5,15 @@ from __future__ import annotations
 import click
 
 from specli.models.whisper.resolve import BUNDLED_MODELS
-from specli.presets import available_presets, load_preset
+from specli.presets import available_presets, load_any_preset
 
 
 @click.command()
 def presets() -> None:
     """List the shipped presets."""
-    for name in available_presets():
-        p = load_preset(name)
+    for name in available_presets("transcribe") + available_presets("synthesize"):
+        p = load_any_preset(name)
         click.echo(f"{name}\t{p.model}\t{p.strategy}\t{p.dtype}\t{p.description}")
-    from specli.presets.synthesis import load_synthesis_preset
-
-    for name in available_presets("synthesize"):
-        sp = load_synthesis_preset(name)
-        click.echo(f"{name}\t{sp.model}\t{sp.strategy}\t{sp.dtype}\t{sp.description}")
 
 
 @click.command()

@@ -7,11 +7,13 @@ import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
-from typing import Literal, TypeVar, get_args, get_origin, get_type_hints
+from types import UnionType
+from typing import Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from specli.errors import PresetError
+from specli.models.registry import Task, family
 
-P = TypeVar("P")  # a preset dataclass (Preset or SynthesisPreset)
+P = TypeVar("P", bound="PresetBase")  # a preset dataclass (Preset or SynthesisPreset)
 
 # what `transcribe` / `translate` and `specli.asr.pipeline.transcribe` use unless told otherwise: whisper-base with
 # the shipped EAGLE-ASR head (lossless: the same text as whisper-base-ar, faster on held-out speech)
@@ -25,15 +27,68 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 @dataclass(frozen=True)
-class Preset:
-    """A named decoding configuration: target model, strategy and numeric type."""
+class PresetBase:
+    """What every preset has, and the one validation every preset goes through: each value of its field's
+    type, each ``Literal`` field one of its choices, a registered family, a device spec; then the family's
+    own rules (:meth:`_check`)."""
 
     name: str  # preset name (the TOML file's stem)
-    model: str  # bundled model name, Hugging Face id or directory, or CTranslate2 directory
+    model: str  # the family's model: a bundled name, a directory, a cached hub id
+    family: str = "whisper"  # model family (specli.models.registry): which pipeline runs it, how it loads
     description: str = ""  # one line shown by `specli presets`
+    device: str = "auto"  # auto (CUDA when available, else CPU), cpu, cuda or cuda:N
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        if not self.model:
+            raise PresetError(f"preset {self.name!r}: 'model' must not be empty")
+        for fname, kind in get_type_hints(type(self)).items():
+            if get_origin(kind) is Literal and getattr(self, fname) not in get_args(kind):
+                raise PresetError(f"preset {self.name!r}: {fname} must be one of {list(get_args(kind))}, "
+                                  f"not {getattr(self, fname)!r}")
+        try:
+            own = family(self.family)
+        except ValueError as exc:
+            raise PresetError(f"preset {self.name!r}: {exc}") from None
+        if own.preset_class() is not type(self):
+            raise PresetError(f"preset {self.name!r}: family {self.family!r} presets are not {type(self).__name__}s")
+        if not _DEVICE.match(self.device):
+            raise PresetError(f"preset {self.name!r}: device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+        self._check()
+
+    def _check(self) -> None:
+        """The family's own rules (raise PresetError)."""
+
+    def bad(self, msg: str) -> PresetError:
+        """A PresetError naming this preset."""
+        return PresetError(f"preset {self.name!r}: {msg}")
+
+    def _check_types(self) -> None:
+        """Each value has its field's annotated type (bool is not an int; an int is taken for a float)."""
+        for fname, kind in get_type_hints(type(self)).items():
+            value = getattr(self, fname)
+            if get_origin(kind) in (Union, UnionType):  # optional values: None or the type
+                if value is None:
+                    continue
+                kind = next(k for k in get_args(kind) if k is not type(None))
+            origin = get_origin(kind)
+            expected = type(get_args(kind)[0]) if origin is Literal else origin or kind
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, fname, float(value))
+                continue
+            if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
+                raise PresetError(
+                    f"preset {self.name!r}: {fname} must be {_type_word(expected)}, "
+                    f"not {_type_word(type(value))} ({value!r})"
+                )
+
+
+@dataclass(frozen=True)
+class Preset(PresetBase):
+    """A transcription preset (family ``whisper``): target model, strategy and numeric type."""
+
     strategy: Strategy = "ar"  # "ar" = plain greedy; the others draft and verify (lossless)
     dtype: DType = "auto"  # numeric type of the target's weights and activations (auto: by device)
-    device: str = "auto"  # auto (CUDA when available, else CPU), cpu, cuda or cuda:N
     drafter: DrafterKind = "none"  # pool = n-gram pool of earlier hypotheses; model / cross-tokenizer / eagle
     draft_model: str = ""  # the drafter's model, for drafter = model or cross-tokenizer
     head: str = ""  # eagle: directory or shipped name of a trained Speech-Draft head (`specli distill train`)
@@ -48,42 +103,8 @@ class Preset:
     tree_depth: int = 5  # dynamic-tree: levels of the EAGLE-2 tree (head forwards per proposal)
     ngram: int = 4  # pool: longest suffix matched
 
-    def __post_init__(self) -> None:
-        self._check_types()
-        if not self.model:
-            raise PresetError(f"preset {self.name!r}: 'model' must not be empty")
-        for fname, kind in (("strategy", Strategy), ("dtype", DType), ("drafter", DrafterKind),
-                            ("head_weights", HeadWeights)):
-            if getattr(self, fname) not in get_args(kind):
-                raise PresetError(
-                    f"preset {self.name!r}: {fname} must be one of {list(get_args(kind))}, "
-                    f"not {getattr(self, fname)!r}"
-                )
-        if not _DEVICE.match(self.device):
-            raise PresetError(f"preset {self.name!r}: device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
-        self._check_strategy()
-
-    def _check_types(self) -> None:
-        """Each value has its field's annotated type (bool is not an int; an int is taken for a float)."""
-        for fname, kind in get_type_hints(type(self)).items():
-            value = getattr(self, fname)
-            origin = get_origin(kind)
-            expected = type(get_args(kind)[0]) if origin is Literal else origin or kind
-            if not isinstance(expected, type):  # a union: left to the field's own checks
-                continue
-            if expected is float and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, fname, float(value))
-                continue
-            if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
-                raise PresetError(
-                    f"preset {self.name!r}: {fname} must be {_type_word(expected)}, "
-                    f"not {_type_word(type(value))} ({value!r})"
-                )
-
-    def _check_strategy(self) -> None:
-        def bad(msg: str) -> PresetError:
-            return PresetError(f"preset {self.name!r}: {msg}")
-
+    def _check(self) -> None:
+        bad = self.bad
         if (self.strategy == "ar") != (self.drafter == "none"):
             raise bad("strategy 'ar' takes drafter 'none'; every other strategy needs a drafter")
         if self.drafter in ("model", "cross-tokenizer") and not self.draft_model:
@@ -127,24 +148,44 @@ def build_preset(cls: type[P], name: str, data: dict) -> P:
     return cls(name=name, **data)
 
 
-def preset_from_dict(name: str, data: dict) -> Preset:
-    """Build a :class:`Preset`, rejecting unknown keys."""
-    return build_preset(Preset, name, data)
+def preset_from_dict(name: str, data: dict) -> PresetBase:
+    """Build the preset of ``data``'s family (its class in :mod:`specli.models.registry`), rejecting unknown
+    keys."""
+    if "task" in data:  # the marker synthesis presets had before families
+        raise PresetError(f"preset {name!r}: 'task' is no preset key; a synthesis preset says family = \"cosyvoice\"")
+    fam = data.get("family", "whisper")
+    try:
+        cls = family(fam).preset_class() if isinstance(fam, str) else None
+    except ValueError as exc:
+        raise PresetError(f"preset {name!r}: {exc}") from None
+    if cls is None:
+        raise PresetError(f"preset {name!r}: family must be a string")
+    return build_preset(cls, name, data)
 
 
-def available_presets(task: Literal["transcribe", "synthesize"] | None = "transcribe") -> list[str]:
-    """Names of the presets shipped with specli for ``task`` (None: all; synthesis presets say
-    ``task = "synthesize"`` and are read by :func:`specli.presets.synthesis.load_synthesis_preset`)."""
+def preset_task(name_or_path: str) -> Task:
+    """The pipeline a preset runs in (its family's task): transcribe or synthesize."""
+    return family(load_any_preset(name_or_path).family).task
+
+
+def available_presets(task: Task | None = "transcribe") -> list[str]:
+    """Names of the presets shipped with specli whose family runs in ``task`` (None: all)."""
     names = sorted(p.name[:-5] for p in resources.files(__package__).iterdir() if p.name.endswith(".toml"))
-    return names if task is None else [n for n in names if read_preset_toml(n)[1].get("task", "transcribe") == task]
+    return names if task is None else [n for n in names if preset_task(n) == task]
+
+
+def load_any_preset(name_or_path: str) -> PresetBase:
+    """A shipped preset by name, or a TOML file by path, of any family."""
+    return preset_from_dict(*read_preset_toml(name_or_path))
 
 
 def load_preset(name_or_path: str) -> Preset:
-    """A shipped preset by name, or a TOML file by path."""
-    name, data = read_preset_toml(name_or_path)
-    if data.get("task") == "synthesize":
-        raise PresetError(f"preset {name!r} is a synthesis preset: use it with `specli synthesize --preset {name}`")
-    return preset_from_dict(name, data)
+    """A transcription preset: shipped by name, or a TOML file by path."""
+    preset = load_any_preset(name_or_path)
+    if not isinstance(preset, Preset):
+        raise PresetError(f"preset {preset.name!r} is a synthesis preset: use it with "
+                          f"`specli synthesize --preset {preset.name}`")
+    return preset
 
 
 def read_preset_toml(name_or_path: str) -> tuple[str, dict]:

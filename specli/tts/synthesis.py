@@ -37,7 +37,8 @@ from specli.core.device import resolve_device
 from specli.core.sampling import SamplerOptions, build_sampler, default_options, request_generator
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.tts.drafting import SpeechDraftOptions, load_drafter
-from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
+from specli.models.cosyvoice.lm import CosyVoiceModel
+from specli.models.registry import family
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT, TextTokenizerError
 from specli.core.types import DecodeResult, DecodeStats
 from specli.errors import SpecliError
@@ -251,7 +252,8 @@ def load_synthesizer(preset: SynthesisPreset, model: str | None = None, draft: s
                      device: str | None = None) -> Synthesizer:
     """Load the preset's CosyVoice LM (or ``model``) on ``device`` (default: the preset's) and build its
     synthesizer; arguments override the preset."""
-    loaded = load_cosyvoice(model or preset.model, preset.dtype, device=resolve_device(device or preset.device))
+    loaded = family(preset.family).load(model or preset.model, preset.dtype,
+                                        device=resolve_device(device or preset.device))
     return build_synthesizer(preset, loaded, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed)
 
 

@@ -8,6 +8,7 @@ run the kernels on CPU tensors under ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 from typing import Literal, get_args
@@ -31,8 +32,8 @@ def _kernels(device: torch.device, backend: Backend) -> ModuleType | None:
     """The Triton module to use for tensors on ``device``, or None for the reference."""
     if backend == "reference" or (backend == "auto" and device.type != "cuda"):
         return None
-    try:
-        from specli.core.verify import triton_kernels
+    try:  # imported on first use: triton is an optional dependency, slow to import
+        triton_kernels = importlib.import_module("specli.core.verify.triton_kernels")
     except ImportError as exc:
         if backend == "auto":
             return None

@@ -1,0 +1,120 @@
+"""The house's layering, read from the import statements of every module (no import runs):
+
+* ``specli/core`` is model-neutral: it imports no model family, no pipeline, no command, no click or rich;
+* ``specli/models`` sit below the pipelines: no ``asr``, ``tts``, ``commands``, ``bench``, ``distill``;
+* only ``commands/`` and ``cli.py`` import click or rich;
+* no import loop between specli modules, and no specli import inside a function to dodge one.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "specli"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+@cache
+def _tree(name: str) -> ast.Module:
+    return ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+
+
+def _targets(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules an import statement names (``from a import b``: ``a.b`` when that is a module, else ``a``)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+
+
+def _type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _imports(name: str, top_level: bool) -> set[str]:
+    """What ``name`` imports at module level (``top_level``), or anywhere else (in functions and classes);
+    typing-only imports (``if TYPE_CHECKING:``) are neither."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST, nested: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)) and nested != top_level:
+                found.update(_targets(child))
+            inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            visit(child, inner)
+
+    visit(_tree(name), False)
+    return found
+
+
+def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(f"{name} imports {target}" for name in MODULES if name == package or name.startswith(package + ".")
+                  for target in _imports(name, True) | _imports(name, False)
+                  if any(target == f or target.startswith(f + ".") for f in forbidden))
+
+
+def test_core_imports_no_model_family_pipeline_command_or_ui() -> None:
+    forbidden = ("specli.models", "specli.asr", "specli.tts", "specli.commands", "specli.bench", "specli.distill",
+                 "specli.cli", "click", "rich")
+    assert _violations("specli.core", forbidden) == []
+
+
+def test_models_import_no_pipeline_or_command() -> None:
+    forbidden = ("specli.asr", "specli.tts", "specli.commands", "specli.bench", "specli.distill", "specli.cli",
+                 "click", "rich")
+    assert _violations("specli.models", forbidden) == []
+
+
+@pytest.mark.parametrize("package", ["specli.core", "specli.models", "specli.asr", "specli.tts", "specli.io",
+                                     "specli.bench", "specli.distill", "specli.presets"])
+def test_only_commands_import_click_or_rich(package: str) -> None:
+    assert _violations(package, ("click", "rich")) == []
+
+
+def test_no_specli_import_inside_functions() -> None:
+    nested = sorted(f"{name} imports {t}" for name in MODULES for t in _imports(name, False) if t.startswith("specli"))
+    assert nested == []
+
+
+def test_no_import_loops() -> None:
+    graph = {name: {t for t in _imports(name, True) if t in MODULES and t != name} for name in MODULES}
+    # a package's __init__ importing its own submodules is not a loop through the package
+    loops: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                loops.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                walk(nxt, path + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert loops == []
+
+
+def test_the_layering_test_sees_the_tree() -> None:
+    """Guards the guard: it reads the real modules and would see a violation."""
+    assert {"specli.core.speculative", "specli.models.whisper.target", "specli.asr.windows"} <= set(MODULES)
+    assert "specli.core.job" in _imports("specli.core.speculative", True)
+    source = "import click\ndef f():\n    from specli.asr import windows\n"
+    tree = ast.parse(source)
+    nested = [n for n in ast.walk(tree.body[1]) if isinstance(n, ast.ImportFrom)]
+    assert _targets(nested[0]) == ["specli.asr.windows"]

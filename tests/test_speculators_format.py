@@ -185,7 +185,7 @@ def test_synthesize_with_a_drafter_directory(tmp_path, ckpt, model):
         out = tmp_path / ("ar" if draft == "none" else "spec")
         res = _run(["--model", str(ckpt), *texts, "--sampler", "greedy", "--draft", draft, "-o", str(out)])
         assert res.exit_code == 0, res.stderr
-        outs[draft] = {p.name: np.load(p).tolist() for p in out.iterdir()}
+        outs[draft] = {p.name: np.load(p).tolist() for p in out.glob("*.npy")}
     assert list(outs.values())[0] == list(outs.values())[1]
     res = _run(["--model", str(ckpt), "--text", "hi", "--draft", str(tmp_path / "nothing"), "-o", str(tmp_path)])
     assert res.exit_code == 3 and "never downloads" in res.stderr

@@ -181,12 +181,12 @@ def test_cli_batch_size_writes_the_batch_1_outputs_in_input_order(tmp_path):
     one = _cli(*common, "-o", tmp_path / "one")
     (tmp_path / "three").mkdir()
     np.save(tmp_path / "three" / "lines_00002.npy", np.asarray([1, 2, 3], dtype=np.int32))  # resumed: kept
-    three = _cli(*common, "-o", tmp_path / "three", "--batch-size", "3")
+    three = _cli(*common, "-o", tmp_path / "three", "--batch-size", "3", "--skip-existing")
     assert one.exit_code == three.exit_code == 1  # the empty line
     assert f"{lines}:4: empty line" in three.stderr
     ids = [json.loads(x)["id"] for x in three.stdout.splitlines()]
     assert ids == ["lines_00001", "lines_00003", "lines_00005", "lines_00006"]  # input order, skipped one left out
-    assert "1 skipped" in three.stderr
+    assert "1 skipped" in three.stderr and "skipped lines_00002: no JSON record" in three.stderr
     for name in ids:
         assert np.load(tmp_path / "three" / f"{name}.npy").tolist() == np.load(tmp_path / "one" / f"{name}.npy").tolist()
     assert np.load(tmp_path / "three" / "lines_00002.npy").tolist() == [1, 2, 3]

@@ -33,6 +33,11 @@ def _npy(path):
     return np.load(path).tolist()
 
 
+def _outputs(folder):
+    """The outputs in ``folder``, without the hidden resume sidecars (``.<output>.specli``)."""
+    return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+
+
 def test_batch_with_bad_lines_resume_and_overwrite(tmp_path, cv2):
     lines = tmp_path / "lines.txt"
     lines.write_text("hi\n\nok then\n" + "word " * 60 + "\n")
@@ -47,8 +52,7 @@ def test_batch_with_bad_lines_resume_and_overwrite(tmp_path, cv2):
     args = ["--model", str(cv2), str(lines), str(manifest), "--text", "hey", "-o", str(out), "--jsonl", "-"]
     res = _run(args)
     assert res.exit_code == 1
-    assert sorted(p.name for p in out.iterdir()) == ["lines_00001.npy", "lines_00003.npy", "m1.npy",
-                                                      "text_00001.npy"]
+    assert [p.name for p in _outputs(out)] == ["lines_00001.npy", "lines_00003.npy", "m1.npy", "text_00001.npy"]
     err = res.stderr
     assert f"{lines}:2: empty line" in err and f"{lines}:4: too long" in err
     assert f"{manifest}:2: prompt_wav needs the speech-tokenizer frontend" in err
@@ -60,15 +64,16 @@ def test_batch_with_bad_lines_resume_and_overwrite(tmp_path, cv2):
         assert r["tokens"] == len(toks) <= r["max_len"] and all(0 <= t < 6561 for t in toks)
         assert r["stats"]["target_forwards"] >= 1
     first = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    # resume: everything done is skipped, the bad lines are reported again
+    # resume: everything done is skipped (records read back from the sidecars), the bad lines are reported again
     res = _run(args)
-    assert res.exit_code == 1 and res.stdout == "" and "4 skipped" in res.stderr
+    assert res.exit_code == 1 and [json.loads(x) for x in res.stdout.splitlines()] == records
+    assert "4 skipped" in res.stderr and "redoing" not in res.stderr
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == first
     # --overwrite redoes them, with the same tokens (same seed)
-    before = {n: _npy(out / n) for n in first}
+    before = {p.name: _npy(p) for p in _outputs(out)}
     res = _run([*args, "--overwrite"])
     assert res.exit_code == 1 and len(res.stdout.splitlines()) == 4
-    assert {n: _npy(out / n) for n in first} == before
+    assert {p.name: _npy(p) for p in _outputs(out)} == before
 
 
 def test_seeded_output_does_not_depend_on_order(tmp_path, cv3):
@@ -91,7 +96,7 @@ def test_pool_drafter_greedy_equals_ar(tmp_path, cv3):
         res = _run(["--model", str(cv3), *texts, "--sampler", "greedy", "--draft", draft, "-o", str(out),
                     "--jsonl", "-"])
         assert res.exit_code == 0, res.stderr
-        outs[draft] = ({p.name: _npy(p) for p in out.iterdir()}, [json.loads(x) for x in res.stdout.splitlines()])
+        outs[draft] = ({p.name: _npy(p) for p in _outputs(out)}, [json.loads(x) for x in res.stdout.splitlines()])
     assert outs["none"][0] == outs["pool"][0]
     # the second "hello" is proposed by the pool: its tokens are accepted
     assert outs["pool"][1][1]["stats"]["accepted"] > 0 and outs["none"][1][1]["stats"]["accepted"] == 0
@@ -173,10 +178,10 @@ def test_an_undecodable_byte_fails_its_line_only(tmp_path, cv2):
     out = tmp_path / "out"
     res = _run(["--model", str(cv2), str(lines), "-o", str(out), "--sampler", "greedy"])
     assert res.exit_code == 1
-    assert sorted(p.name for p in out.iterdir()) == [f"lines_0000{n}.npy" for n in (1, 2, 4, 5)]
+    assert [p.name for p in _outputs(out)] == [f"lines_0000{n}.npy" for n in (1, 2, 4, 5)]
     assert f"{lines}:3: not UTF-8 text: byte 0xff at column 6" in res.stderr
     assert "4 ok, 1 failed" in res.stderr and res.stderr.count("failed: ") == 1
     piped = _run(["--model", str(cv2), "-", "-o", str(tmp_path / "piped"), "--sampler", "greedy"],
                  input=lines.read_bytes())
     assert piped.exit_code == 1 and "<stdin>:3: not UTF-8 text" in piped.stderr
-    assert len(list((tmp_path / "piped").iterdir())) == 4
+    assert len(_outputs(tmp_path / "piped")) == 4

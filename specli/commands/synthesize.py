@@ -11,13 +11,13 @@ import click
 import torch
 
 from specli.commands.interrupt import report_interrupt
-from specli.commands.synthesize_audio import OutcomeTally, run_audio
-from specli.tts.synthesis import load_synthesizer
+from specli.commands.synthesize_audio import OutcomeTally, echo_skipped, run_audio
+from specli.tts.synthesis import Synthesizer, load_synthesizer
 from specli.errors import PresetError
 from specli.presets.synthesis import load_synthesis_preset
 from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
-from specli.tts.audio_out import AudioOptions, AudioOutcome, audio_path, audio_record
-from specli.tts.pipeline import SpeechOutcome, read_items, result_record, run_synthesis, tokens_path
+from specli.tts.audio_out import AudioOptions, AudioOutcome, audio_path
+from specli.tts.pipeline import Resume, SpeechOutcome, read_items, run_synthesis, synthesis_settings, tokens_path
 
 
 def _default_preset(model: str | None) -> str:
@@ -42,7 +42,11 @@ def _default_preset(model: str | None) -> str:
 @click.option("--run-manifest", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a JSONL line per input line (status, output, error) and a summary line here (default under "
                    f"torchrun / accelerate launch: OUTPUT_DIR/{DEFAULT_MANIFEST}, by rank 0).")
-@click.option("--overwrite", is_flag=True, help="Redo utterances whose output (<id>.npy, .wav or .flac) exists.")
+@click.option("--overwrite", is_flag=True,
+              help="Always redo utterances whose output (<id>.npy, .wav or .flac) exists (default: only those made "
+                   "with other settings: preset, model, sampler, seed, drafter under a sampler, the line, voice...).")
+@click.option("--skip-existing", is_flag=True,
+              help="Keep existing outputs even when they were made with other settings.")
 @click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
               help="Utterances decoded together (continuous batching): the same tokens as at 1 but for float "
                    "near-ties; --format npy only.")
@@ -58,11 +62,14 @@ def _default_preset(model: str | None) -> str:
                                     "when absent).")
 @click.option("--speaker", help="A stored speaker of the model's spk2info.pt (instead of --prompt-wav).")
 def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed,
-               output_dir, jsonl, run_manifest, overwrite, batch_size, threads, device, progress, fmt, sample_rate,
-               prompt_wav, prompt_text, speaker) -> None:
+               output_dir, jsonl, run_manifest, overwrite, skip_existing, batch_size, threads, device, progress, fmt,
+               sample_rate, prompt_wav, prompt_text, speaker) -> None:
     """Speech tokens or audio for text: INPUTS are text files (one utterance a line), '-' (stdin) or JSONL
     manifests (*.jsonl: {"id", "text", "prompt_text", "prompt_tokens", "prompt_wav"}); writes OUTPUT_DIR/<id>.npy, or
-    <id>.wav / <id>.flac with --format. No text normalisation is applied (the text is spoken as written)."""
+    <id>.wav / <id>.flac with --format. No text normalisation is applied (the text is spoken as written).
+    A rerun skips the outputs made with the same settings and redoes the others (hidden .<output>.specli files)."""
+    if overwrite and skip_existing:
+        raise click.UsageError("--overwrite and --skip-existing exclude each other")
     if not inputs and not texts:
         raise click.UsageError("give text files, '-', a *.jsonl manifest or --text")
     if fmt == "npy" and (prompt_wav or prompt_text or speaker or sample_rate != 24000):
@@ -79,6 +86,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
                                  device)
     except ValueError as exc:  # sampler settings that do not fit the sampler
         raise PresetError(str(exc)) from exc
+    resume = _resume(synth, p.name, overwrite, skip_existing)
     items = read_items(inputs, texts, sys.stdin.buffer if "-" in inputs else None)
     run = ShardedRun.start([it.where for it in items], run_manifest, output_dir)  # torchrun: this rank's share
     items = run.take(items)
@@ -88,22 +96,31 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
 
     def report(out: SpeechOutcome) -> None:
         if not tally.produced(out):
+            echo_skipped(out, own_jsonl)
             return
         if show:
             click.echo(f"[{tally.done}/{len(items)}] {out.id}: {len(out.result.tokens)} tokens", err=True)
         if own_jsonl:
-            click.echo(json.dumps(result_record(out.result), ensure_ascii=False))
+            click.echo(json.dumps(out.record, ensure_ascii=False))
 
     with report_interrupt(lambda: f"{tally.line()} (written outputs are kept; a rerun resumes)"):
         if fmt != "npy":
             options = AudioOptions(fmt, sample_rate, seed)
-            outcomes = run_audio(synth, items, output_dir, options, prompt_wav, prompt_text, speaker, overwrite,
+            outcomes = run_audio(synth, items, output_dir, options, prompt_wav, prompt_text, speaker, resume,
                                  own_jsonl, show, tally)
         else:
-            outcomes = run_synthesis(synth, items, output_dir, overwrite, report, batch_size)
+            outcomes = run_synthesis(synth, items, output_dir, on_outcome=report, batch_size=batch_size, resume=resume)
     for out in outcomes:
         run.add(_row(out, fmt, output_dir, bool(jsonl) and run.shard.distributed))
     _finish(run, tally)
+
+
+def _resume(synth: Synthesizer, preset: str, overwrite: bool, skip_existing: bool) -> Resume:
+    """What a rerun does with existing outputs: redo those made with other settings (saying why on stderr),
+    or every one (--overwrite), or none (--skip-existing)."""
+    mode = "overwrite" if overwrite else "skip-existing" if skip_existing else "changed"
+    return Resume(synthesis_settings(synth, preset), mode,
+                  on_redo=lambda rid, why: click.echo(f"redoing {rid}: {why}", err=True))
 
 
 def _row(out: SpeechOutcome | AudioOutcome, fmt: str, output_dir: Path, with_record: bool) -> dict:
@@ -114,8 +131,8 @@ def _row(out: SpeechOutcome | AudioOutcome, fmt: str, output_dir: Path, with_rec
            "error": out.error or None, "tokens": len(out.result.tokens) if out.result else 0}
     if isinstance(out, AudioOutcome) and out.audio is not None:
         row["audio_seconds"] = out.audio.duration
-    if with_record and status == "ok":
-        row["record"] = audio_record(out) if isinstance(out, AudioOutcome) else result_record(out.result)
+    if with_record and out.record is not None:  # a skipped one's read back from its sidecar
+        row["record"] = out.record
     return row
 
 

@@ -10,8 +10,8 @@ import click
 
 from specli.tts.acoustic.pipeline import Vocalizer
 from specli.tts.synthesis import Synthesizer
-from specli.tts.audio_out import AudioOptions, AudioOutcome, audio_record, prepare_voice, run_audio_synthesis
-from specli.tts.pipeline import SpeechItem, SpeechOutcome
+from specli.tts.audio_out import AudioOptions, AudioOutcome, prepare_voice, run_audio_synthesis
+from specli.tts.pipeline import Resume, SpeechItem, SpeechOutcome
 
 
 class OutcomeTally:
@@ -48,8 +48,18 @@ class OutcomeTally:
             raise SystemExit(1)
 
 
+def echo_skipped(out: SpeechOutcome | AudioOutcome, jsonl: bool) -> None:
+    """With ``--jsonl -``, a kept utterance's JSON record (read back from its sidecar) on stdout, or why not."""
+    if not (jsonl and out.skipped):
+        return
+    if out.record is not None:
+        click.echo(json.dumps(out.record, ensure_ascii=False))
+    else:
+        click.echo(f"skipped {out.id}: no JSON record of it on disk to print", err=True)
+
+
 def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, options: AudioOptions,
-              prompt_wav: str | None, prompt_text: str | None, speaker: str | None, overwrite: bool,
+              prompt_wav: str | None, prompt_text: str | None, speaker: str | None, resume: Resume,
               jsonl: bool, show: bool, tally: OutcomeTally) -> list[AudioOutcome]:
     """Load flow + HiFT, prepare the voice (before any output), then render every item into ``tally`` (the
     caller ends it with ``tally.finish()``: exit 1 on failures)."""
@@ -59,8 +69,9 @@ def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, opt
 
     def report(out: AudioOutcome) -> None:
         if not tally.produced(out):
+            echo_skipped(out, jsonl)
             return
-        rec = audio_record(out)
+        rec = out.record
         if show:
             click.echo(f"[{tally.done}/{len(items)}] {out.id}: {rec['duration_s']:.2f} s audio, rtf llm "
                        f"{rec['rtf']['llm']:.2f} flow {rec['rtf']['flow']:.2f} vocoder {rec['rtf']['vocoder']:.2f}",
@@ -68,4 +79,4 @@ def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, opt
         if jsonl:
             click.echo(json.dumps(rec, ensure_ascii=False))
 
-    return run_audio_synthesis(synth, vocalizer, items, output_dir, options, voice, overwrite, report)
+    return run_audio_synthesis(synth, vocalizer, items, output_dir, options, voice, on_outcome=report, resume=resume)

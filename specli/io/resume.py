@@ -3,8 +3,10 @@
 Beside the outputs of one input (``<base>.txt``, ``<base>.json``, ...) a hidden sidecar
 ``.<base>.specli`` (JSON) records the text-affecting settings, the SHA-256 of every output written with
 them and the file's JSON record (what ``--jsonl -`` prints, read back when the file is skipped).
+Synthesis keeps one per output file (``.<id>.npy.specli``, ``.<id>.wav.specli``): the same machinery
+with binary outputs, and :func:`file_fingerprint` to name model files and voice prompts by content.
 
-The sidecar is written (atomically) *before* the outputs, with the hashes of the texts about to be
+The sidecar is written (atomically) *before* the outputs, with the hashes of the data about to be
 written, so there is no moment where outputs exist without it. At check time an output counts as made
 with the recorded settings when its hash matches, or when it changed after the sidecar was written (a
 hand edit, kept); an output older than the sidecar with another hash is left over from an interrupted
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -23,6 +26,8 @@ from typing import Literal
 from specli.io.atomic import write_atomic
 
 SIDECAR_VERSION = 1
+FULL_HASH_BYTES = 16 << 20  # file_fingerprint: files up to this size are hashed whole
+_SAMPLE_BLOCKS, _SAMPLE_BYTES = 256, 64 << 10  # file_fingerprint of a larger file: blocks spread evenly over it
 
 # what a rerun does with an input whose outputs all exist: "changed" redoes it when the settings differ,
 # "overwrite" always redoes it, "skip-existing" never does
@@ -76,12 +81,34 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def file_fingerprint(path: Path) -> str:
+    """A short digest of a file's content (OSError when it cannot be read), never of its name or times.
+
+    A file up to 16 MiB is hashed whole; a larger one (a checkpoint) by its size and 256 blocks of 64 KiB
+    spread evenly over it: 16 MiB read, so a model's weights are told apart in milliseconds (two trainings
+    differ in every block) without reading gigabytes at each run.
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size <= FULL_HASH_BYTES:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+        else:
+            digest.update(f"{size}:".encode())
+            step = (size - _SAMPLE_BYTES) / (_SAMPLE_BLOCKS - 1)
+            for i in range(_SAMPLE_BLOCKS):
+                fh.seek(round(i * step))
+                digest.update(fh.read(_SAMPLE_BYTES))
+    return digest.hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Sidecar:
     """What a sidecar holds."""
 
     settings: dict  # the text-affecting settings (plain JSON values)
-    outputs: dict  # output file name -> SHA-256 of the text written there
+    outputs: dict  # output file name -> SHA-256 of the text (or bytes) written there
     record: dict  # the file's JSON record (as printed by --jsonl -)
 
     @property
@@ -103,8 +130,9 @@ def read_sidecar(path: Path) -> Sidecar | None:
     return Sidecar(settings, outputs, record)
 
 
-def write_sidecar(path: Path, settings: Mapping[str, object], texts: Mapping[Path, str], record: dict) -> None:
-    """Record ``settings`` and the hashes of ``texts`` (output path -> text about to be written).
+def write_sidecar(path: Path, settings: Mapping[str, object], texts: Mapping[Path, str | bytes],
+                  record: dict) -> None:
+    """Record ``settings`` and the hashes of ``texts`` (output path -> text, or bytes, about to be written).
 
     Entries of a previous sidecar made with the same settings are kept for outputs not rewritten now.
     """
@@ -113,7 +141,7 @@ def write_sidecar(path: Path, settings: Mapping[str, object], texts: Mapping[Pat
     previous = read_sidecar(path)
     if previous is not None and previous.fingerprint == settings_fingerprint(settings):
         outputs.update(previous.outputs)
-    outputs.update({p.name: _sha256(t.encode("utf-8")) for p, t in texts.items()})
+    outputs.update({p.name: _sha256(t if isinstance(t, bytes) else t.encode("utf-8")) for p, t in texts.items()})
     data = {"version": SIDECAR_VERSION, "settings": settings, "outputs": outputs, "record": record}
     write_atomic(path, json.dumps(data, ensure_ascii=False, sort_keys=True) + "\n")
 
@@ -127,15 +155,31 @@ class ResumeDecision:
     redo_reason: str | None = None  # why existing outputs are redone (None: nothing was there / overwrite)
 
 
+def _json_record(output_base: Path) -> dict | None:
+    """The record in ``<base>.json`` when there is one (outputs made without a sidecar)."""
+    path = output_base.with_name(f"{output_base.name}.json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def decide(outputs: Sequence[Path], output_base: Path, settings: Mapping[str, object],
-           mode: ResumeMode = "changed") -> ResumeDecision:
-    """Skip or redo one input, given its output paths and the settings of this run."""
+           mode: ResumeMode = "changed", fallback: Callable[[Path], dict | None] | None = _json_record
+           ) -> ResumeDecision:
+    """Skip or redo one input, given its output paths and the settings of this run.
+
+    ``fallback(output_base)`` is the record of outputs kept by "skip-existing" without a sidecar (default:
+    the ``<base>.json`` of a transcription); None: no record.
+    """
     if mode == "overwrite" or not outputs or not all(o.is_file() for o in outputs):
         return ResumeDecision(skip=False)
     side_path = sidecar_path(output_base)
     sidecar = read_sidecar(side_path)
     if mode == "skip-existing":
-        return ResumeDecision(skip=True, record=sidecar.record if sidecar else _json_record(output_base))
+        record = sidecar.record if sidecar else fallback(output_base) if fallback else None
+        return ResumeDecision(skip=True, record=record)
     if sidecar is None:
         return ResumeDecision(False, redo_reason="no record of the settings its outputs were made with")
     if sidecar.fingerprint != settings_fingerprint(settings):
@@ -148,13 +192,3 @@ def decide(outputs: Sequence[Path], output_base: Path, settings: Mapping[str, ob
         if _sha256(out.read_bytes()) != recorded and out.stat().st_mtime_ns < side_mtime:
             return ResumeDecision(False, redo_reason=f"{out.name} is left over from an interrupted run")
     return ResumeDecision(skip=True, record=sidecar.record)
-
-
-def _json_record(output_base: Path) -> dict | None:
-    """The record in ``<base>.json`` when there is one (outputs made without a sidecar)."""
-    path = output_base.with_name(f"{output_base.name}.json")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

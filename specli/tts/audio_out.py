@@ -1,7 +1,8 @@
 """Batch synthesis to audio: text -> speech tokens (the LLM stage) -> mel (flow) -> audio (HiFT).
 
 Beside :mod:`specli.tts.pipeline` (speech tokens only): the same input items, one ``<id>.wav`` /
-``<id>.flac`` per utterance written atomically (skipped when it exists, unless overwriting), a bad
+``<id>.flac`` per utterance written atomically (resumed as there: kept when its sidecar records the same
+settings, which for audio add the format, rate, seed, voice and the flow / HiFT checkpoints), a bad
 line or an utterance that cannot be rendered reported with its position while the batch goes on, and a
 JSON record with the audio duration and per-stage real-time factors (LLM / flow / vocoder seconds per
 second of audio).
@@ -18,19 +19,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from specli.tts.acoustic.pipeline import AudioFormat, RenderedAudio, RenderError, VoicePrompt, Vocalizer, encode_audio, \
-    write_audio_atomic
+from specli.tts.acoustic.pipeline import AudioFormat, RenderedAudio, RenderError, VoicePrompt, Vocalizer, encode_audio
 from specli.core.sampling import request_generator
 from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, SynthesisResult, Synthesizer
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT
 from specli.errors import AudioError, UsageError
-from specli.tts.pipeline import SpeechItem, result_record, run_items
+from specli.tts.pipeline import (Resume, SpeechItem, content_fingerprint, request_settings, result_record, run_items,
+                                 synthesis_settings, write_output)
 
-__all__ = ["AudioOptions", "AudioOutcome", "Voice", "audio_path", "audio_record", "prepare_voice",
-           "run_audio_synthesis"]
+__all__ = ["AudioOptions", "AudioOutcome", "Voice", "audio_path", "audio_record", "audio_settings", "prepare_voice",
+           "run_audio_synthesis", "voice_settings"]
 
 _VOCODER_KEY = "/vocoder"  # the vocoder's generator key suffix (its own stream, apart from the LLM's)
 
@@ -57,6 +58,7 @@ class Voice:
     flow: VoicePrompt  # prompt tokens, mel and x-vector for the flow stage
     prompt_text: str = ""  # LLM prompt text (the prompt's transcript)
     prompt_tokens: tuple[int, ...] = ()  # LLM prompt speech tokens
+    settings: dict = field(default_factory=lambda: voice_settings())  # what names it in resume settings
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,9 @@ class AudioOutcome:
     audio: RenderedAudio | None = None  # the audio and its stage times, when synthesized now
     path: Path | None = None  # the audio file written
     llm_seconds: float = 0.0  # wall time of the LLM stage
-    skipped: bool = False  # the audio file existed and overwriting was not asked for
+    skipped: bool = False  # the audio file was kept (made with the same settings, or --skip-existing)
     error: str = ""  # why it failed
+    record: dict | None = None  # its JSON record: of the audio, or read back from its sidecar when skipped
 
 
 def prepare_voice(vocalizer: Vocalizer, prompt_wav: str | None = None, prompt_text: str | None = None,
@@ -84,7 +87,9 @@ def prepare_voice(vocalizer: Vocalizer, prompt_wav: str | None = None, prompt_te
     if prompt_text and not prompt_wav:
         raise UsageError("--prompt-text is the transcript of --prompt-wav; give the recording too")
     if speaker:
-        return Voice(VoicePrompt.from_speaker(vocalizer.frontend.speaker(speaker)))
+        stored = vocalizer.frontend.speaker(speaker)
+        return Voice(VoicePrompt.from_speaker(stored), settings=voice_settings(
+            speaker=speaker, speakers_file=vocalizer.frontend.speakers_path))
     if not prompt_wav:
         return Voice(VoicePrompt.none())
     text = (prompt_text or "").strip()
@@ -98,7 +103,30 @@ def prepare_voice(vocalizer: Vocalizer, prompt_wav: str | None = None, prompt_te
         prompt = vocalizer.frontend.prompt(prompt_wav, text)
     except AudioError as exc:  # a bad voice prompt is a bad option value: refused before any output
         raise UsageError(f"{names[0]}: {exc}") from exc
-    return Voice(VoicePrompt.from_prompt(prompt), text, tuple(int(t) for t in prompt.speech_tokens[0].tolist()))
+    return Voice(VoicePrompt.from_prompt(prompt), text, tuple(int(t) for t in prompt.speech_tokens[0].tolist()),
+                 voice_settings(prompt_wav, prompt_text))
+
+
+def voice_settings(prompt_wav: str | None = None, prompt_text: str | None = None, speaker: str | None = None,
+                   speakers_file: Path | None = None, digest: str | None = None) -> dict:
+    """What names a voice in the resume settings: a prompt recording by content (``digest``, else its
+    :func:`~specli.io.resume.file_fingerprint`) and its transcript, or a stored speaker (id and the content of
+    ``spk2info.pt``), or none."""
+    if speaker:
+        return {"kind": "speaker", "speaker": speaker,
+                "spk2info": content_fingerprint(speakers_file) if speakers_file else "missing"}
+    if prompt_wav:
+        return {"kind": "prompt", "prompt_wav": digest or content_fingerprint(Path(prompt_wav)),
+                "prompt_text": (prompt_text or "").strip()}
+    return {"kind": "none"}
+
+
+def audio_settings(vocalizer: Vocalizer, options: AudioOptions) -> dict:
+    """The audio half of an utterance's settings: container, rate, and the flow / HiFT checkpoints by content."""
+    root = vocalizer.model_dir
+    fingerprint = (lambda name: content_fingerprint(root / name)) if root else (lambda name: "unknown")
+    return {"format": options.format, "sample_rate": options.sample_rate, "flow": fingerprint("flow.pt"),
+            "hift": fingerprint("hift.pt")}
 
 
 def audio_path(output_dir: Path, rid: str, fmt: AudioFormat) -> Path:
@@ -127,31 +155,47 @@ def _line_voice(vocalizer: Vocalizer, item: SpeechItem, run_voice: Voice,
                           prompt_tokens=request.prompt_tokens or voice.prompt_tokens)
 
 
-def _render_one(synth: Synthesizer, vocalizer: Vocalizer, request: SynthesisRequest, where: str,
-                output_dir: Path, options: AudioOptions, voice: Voice) -> AudioOutcome:
+def _render_one(synth: Synthesizer, vocalizer: Vocalizer, request: SynthesisRequest, where: str, path: Path,
+                settings: dict, options: AudioOptions, voice: Voice) -> AudioOutcome:
+    """Speak one request to ``path`` (its sidecar with ``settings`` and the record first)."""
     t0 = time.perf_counter()
     result = synth.synthesize(request)
     llm_seconds = time.perf_counter() - t0
     gen = request_generator(options.seed, request.id + _VOCODER_KEY, "cpu")
     audio = vocalizer.render(result.tokens, voice.flow, gen, options.sample_rate)
-    path = audio_path(output_dir, request.id, options.format)
-    write_audio_atomic(path, encode_audio(audio.audio, audio.sample_rate, options.format))
-    return AudioOutcome(where, request.id, result, audio, path, llm_seconds)
+    outcome = AudioOutcome(where, request.id, result, audio, path, llm_seconds)
+    record = audio_record(outcome)
+    write_output(path, encode_audio(audio.audio, audio.sample_rate, options.format), settings, record)
+    return replace(outcome, record=record)
 
 
 def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[SpeechItem], output_dir: Path,
                         options: AudioOptions = AudioOptions(), voice: Voice | None = None, overwrite: bool = False,
-                        on_outcome: Callable[[AudioOutcome], None] | None = None) -> list[AudioOutcome]:
-    """Synthesize every good item whose audio file is missing (or all with ``overwrite``)."""
+                        on_outcome: Callable[[AudioOutcome], None] | None = None, resume: Resume | None = None
+                        ) -> list[AudioOutcome]:
+    """Synthesize every good item whose audio file is not kept by ``resume`` (default: the settings of
+    ``synth``; redo files made with others, or all with ``overwrite``)."""
     voice = voice or Voice(VoicePrompt.none())
+    resume = resume or Resume(synthesis_settings(synth), "overwrite" if overwrite else "changed")
+    run_settings = {**resume.settings, "seed": options.seed, "audio": audio_settings(vocalizer, options)}
     cache: dict[tuple[str, str], Voice] = {}
+    digests: dict[str, str] = {}  # a line's prompt recording -> its content fingerprint
 
-    def produce(it: SpeechItem) -> AudioOutcome:
+    def target(it: SpeechItem) -> tuple[Path, dict]:
+        line_voice = voice.settings
+        if it.prompt_wav:
+            if it.prompt_wav not in digests:
+                digests[it.prompt_wav] = content_fingerprint(Path(it.prompt_wav))
+            line_voice = voice_settings(it.prompt_wav, it.request.prompt_text, digest=digests[it.prompt_wav])
+        settings = {**run_settings, "request": request_settings(it.request), "voice": line_voice}
+        return audio_path(output_dir, it.request.id, options.format), settings
+
+    def produce(it: SpeechItem, path: Path, settings: dict) -> AudioOutcome:
         line_voice, request = _line_voice(vocalizer, it, voice, cache)
-        return _render_one(synth, vocalizer, request, it.where, output_dir, options, line_voice)
+        return _render_one(synth, vocalizer, request, it.where, path, settings, options, line_voice)
 
-    return run_items(synth, items, lambda rid: audio_path(output_dir, rid, options.format).is_file(), overwrite,
-                     AudioOutcome, produce, (SynthesisInputError, RenderError, AudioError, UsageError), on_outcome)
+    return run_items(synth, items, resume, target, AudioOutcome, produce,
+                     (SynthesisInputError, RenderError, AudioError, UsageError), on_outcome)
 
 
 def audio_record(outcome: AudioOutcome) -> dict:

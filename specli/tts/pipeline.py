@@ -1,21 +1,34 @@
 """Batch synthesis: read utterances (text files, stdin, ``--text``, JSONL manifests), skip finished ones,
 synthesize the rest, write ``<id>.npy`` speech tokens atomically. A bad line is reported with its line
 number and the batch goes on.
+
+Resume works as transcription's (:mod:`specli.io.resume`): beside each output a hidden sidecar
+(``.<id>.npy.specli``, written before the output) records the settings that change it
+(:func:`synthesis_settings` + the line's request, + format, rate, voice and acoustic checkpoints for
+audio) and its JSON record; a rerun keeps an output made with the same settings (its record read back),
+redoes one made with others (``Resume.on_redo`` says why), and ``Resume.mode`` "overwrite" /
+"skip-existing" redoes or keeps every existing one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 
-from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, SynthesisResult, Synthesizer
+from specli.distill.speech_data import lm_fingerprint
 from specli.io.atomic import write_atomic_with
+from specli.io.resume import ResumeMode, decide, file_fingerprint, sidecar_path, write_sidecar
+from specli.models.cosyvoice.lm import CosyVoiceModel
+from specli.tts.drafting import resolve_drafter_dir
+from specli.tts.synthesis import SynthesisInputError, SynthesisOptions, SynthesisRequest, SynthesisResult, Synthesizer
 
 O = TypeVar("O")  # an outcome record (SpeechOutcome, or speech_audio.AudioOutcome)
 
@@ -37,8 +50,9 @@ class SpeechOutcome:
     where: str  # "file:line"
     id: str  # request id ("" for a line that had none)
     result: SynthesisResult | None = None  # set when synthesized now
-    skipped: bool = False  # output existed and --overwrite was not given
+    skipped: bool = False  # its output was kept (made with the same settings, or --skip-existing)
     error: str = ""  # why it failed
+    record: dict | None = None  # its JSON record: of the result, or read back from its sidecar when skipped
 
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9._-]+")
@@ -135,22 +149,104 @@ def tokens_path(output_dir: Path, rid: str) -> Path:
     return output_dir / f"{rid}.npy"
 
 
+def tokens_bytes(tokens: list[int]) -> bytes:
+    """``tokens`` as the bytes of an int32 ``.npy`` file."""
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(tokens, dtype=np.int32))
+    return buf.getvalue()
+
+
 def write_tokens_atomic(path: Path, tokens: list[int]) -> None:
     """``tokens`` as an int32 ``.npy``, through a hidden temporary file and a rename (as ``write_atomic``)."""
-    write_atomic_with(path, lambda fh: np.save(fh, np.asarray(tokens, dtype=np.int32)))
+    data = tokens_bytes(tokens)
+    write_atomic_with(path, lambda fh: fh.write(data))
 
 
-def run_items(synth: Synthesizer, items: list[SpeechItem], done: Callable[[str], bool], overwrite: bool,
-              outcome: Callable[..., O], produce: Callable[[SpeechItem], O], errors: tuple[type[Exception], ...],
-              on_outcome: Callable[[O], None] | None = None) -> list[O]:
-    """The batch loop: a bad line gives an error ``outcome``, a request whose output is ``done`` (by id) is
-    skipped unless ``overwrite``, any other is ``produce``d (``errors`` it raises become error outcomes)."""
+@dataclass(frozen=True)
+class Resume:
+    """How a run treats an utterance whose output exists (:mod:`specli.io.resume`, one sidecar per output)."""
+
+    settings: dict  # the run's output-changing settings (synthesis_settings); each line adds its request
+    mode: ResumeMode = "changed"  # changed: redo outputs made with other settings; overwrite: redo every one;
+    # skip-existing: keep every one
+    on_redo: Callable[[str, str], None] | None = None  # told (id, why) of each existing output redone ("changed")
+
+
+def synthesis_settings(synth: Synthesizer, preset: str = "") -> dict:
+    """The run-wide settings that change an utterance's speech tokens (each line adds its request).
+
+    The seed and the drafter are recorded under a sampler only: greedy tokens depend on neither, while a
+    sampled utterance draws from its own seeded generator and a drafter changes which sample is drawn (the
+    same distribution, another realisation: the accept tests consume the draws differently).
+    """
+    model, opts = synth.model, synth.options
+    settings: dict = {"preset": preset, "model": model_settings(model),
+                      "dtype": str(model.lm.qwen.dtype).removeprefix("torch."), "sampler": asdict(opts.sampler)}
+    if opts.sampler.name != "greedy":
+        settings["seed"] = opts.seed
+        settings["drafter"] = _drafter_settings(opts)
+    return settings
+
+
+def model_settings(model: CosyVoiceModel) -> dict:
+    """The LM: its directory, its architecture and output vocabulary (``lm_fingerprint``, as distillation
+    data records it) and the content of ``llm.pt`` (:func:`file_fingerprint`: sampled, milliseconds)."""
+    return {"path": str(model.path.resolve()), "lm": lm_fingerprint(model),
+            "weights": content_fingerprint(model.path / "llm.pt")}
+
+
+def _drafter_settings(opts: SynthesisOptions) -> dict:
+    """The drafter and its strategy; a drafter directory by where it resolves and its weights' content."""
+    if opts.drafter == "none":
+        return {"kind": "none"}
+    settings: dict = {"kind": opts.drafter, "max_draft": opts.max_draft}
+    if opts.drafter == "pool":
+        settings["ngram"] = opts.ngram
+    else:
+        where = resolve_drafter_dir(opts.draft_dir)
+        files = [where / "config.json", *sorted(where.glob("*.safetensors"))]  # what loading it reads
+        settings.update(dir=str(where.resolve()), options=asdict(opts.draft_options),
+                        files={f.name: content_fingerprint(f) for f in files})
+    return settings
+
+
+def content_fingerprint(path: Path) -> str:
+    """:func:`file_fingerprint` of ``path``, or "missing" when it cannot be read (the line fails later)."""
+    try:
+        return file_fingerprint(path)
+    except OSError:
+        return "missing"
+
+
+def request_settings(request: SynthesisRequest) -> dict:
+    """What a line asks for: its text, prompt text and prompt speech tokens (a digest: they can be many)."""
+    tokens = request.prompt_tokens
+    digest = hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()[:12] if tokens else ""
+    return {"text": request.text, "prompt_text": request.prompt_text,
+            "prompt_tokens": f"{len(tokens)} tokens {digest}" if tokens else ""}
+
+
+def write_output(path: Path, data: bytes, settings: Mapping[str, object], record: dict) -> None:
+    """``data`` to ``path`` atomically, its sidecar (settings, hash, JSON record) first (:mod:`specli.io.resume`)."""
+    write_sidecar(sidecar_path(path), settings, {path: data}, record)
+    write_atomic_with(path, lambda fh: fh.write(data))
+
+
+Target = Callable[[SpeechItem], tuple[Path, dict]]  # a good line's output path and its settings
+
+
+def run_items(synth: Synthesizer, items: list[SpeechItem], resume: Resume, target: Target,
+              outcome: Callable[..., O], produce: Callable[[SpeechItem, Path, dict], O],
+              errors: tuple[type[Exception], ...], on_outcome: Callable[[O], None] | None = None) -> list[O]:
+    """The batch loop: a bad line gives an error ``outcome``, a request whose output (``target``) is kept by
+    ``resume`` a skipped one, any other is ``produce``d to its output with its settings (``errors`` it raises
+    become error outcomes)."""
     outcomes = []
     for it in items:
-        out = _settled(it, done, overwrite, outcome)
+        out, path, settings = _settled(it, resume, target, outcome)
         if out is None:
             try:
-                out = produce(it)
+                out = produce(it, path, settings)
             except errors as exc:
                 out = outcome(it.where, it.request.id, error=str(exc))
         outcomes.append(out)
@@ -160,13 +256,19 @@ def run_items(synth: Synthesizer, items: list[SpeechItem], done: Callable[[str],
     return outcomes
 
 
-def _settled(it: SpeechItem, done: Callable[[str], bool], overwrite: bool, outcome: Callable[..., O]) -> O | None:
-    """The outcome of an item that needs no synthesis (a bad line, or its output is ``done``), else None."""
+def _settled(it: SpeechItem, resume: Resume, target: Target, outcome: Callable[..., O]
+             ) -> tuple[O | None, Path | None, dict]:
+    """``(outcome, None, {})`` of an item that needs no synthesis (a bad line, or its output is kept), else
+    ``(None, output path, settings)``; an existing output redone is told to ``resume.on_redo``."""
     if it.request is None:
-        return outcome(it.where, "", error=it.error)
-    if not overwrite and done(it.request.id):
-        return outcome(it.where, it.request.id, skipped=True)
-    return None
+        return outcome(it.where, "", error=it.error), None, {}
+    path, settings = target(it)
+    decision = decide([path], path, settings, resume.mode, fallback=None)
+    if decision.skip:
+        return outcome(it.where, it.request.id, skipped=True, record=decision.record), None, {}
+    if decision.redo_reason and resume.on_redo is not None:
+        resume.on_redo(it.request.id, decision.redo_reason)
+    return None, path, settings
 
 
 def _frontend_needed(it: SpeechItem) -> SpeechOutcome | None:
@@ -177,29 +279,35 @@ def _frontend_needed(it: SpeechItem) -> SpeechOutcome | None:
     return None
 
 
+def _written(it: SpeechItem, res: SynthesisResult, path: Path, settings: dict) -> SpeechOutcome:
+    record = result_record(res)
+    write_output(path, tokens_bytes(res.tokens), settings, record)
+    return SpeechOutcome(it.where, it.request.id, res, record=record)
+
+
 def run_synthesis(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, overwrite: bool = False,
-                  on_outcome: Callable[[SpeechOutcome], None] | None = None, batch_size: int = 1
-                  ) -> list[SpeechOutcome]:
-    """Synthesize every good item whose ``<id>.npy`` is missing (or all with ``overwrite``); with ``batch_size``
-    > 1 up to that many decode together (the same tokens; outcomes still reported in input order)."""
-    done = lambda rid: tokens_path(output_dir, rid).is_file()  # noqa: E731
+                  on_outcome: Callable[[SpeechOutcome], None] | None = None, batch_size: int = 1,
+                  resume: Resume | None = None) -> list[SpeechOutcome]:
+    """Synthesize every good item whose ``<id>.npy`` is not kept by ``resume`` (default: the settings of
+    ``synth``; redo outputs made with others, or all with ``overwrite``); with ``batch_size`` > 1 up to that
+    many decode together (the same tokens; outcomes still reported in input order)."""
+    resume = resume or Resume(synthesis_settings(synth), "overwrite" if overwrite else "changed")
+
+    def target(it: SpeechItem) -> tuple[Path, dict]:
+        return tokens_path(output_dir, it.request.id), {**resume.settings, "request": request_settings(it.request)}
+
     if batch_size > 1:
-        return _run_batched(synth, items, output_dir, done, overwrite, on_outcome, batch_size)
+        return _run_batched(synth, items, resume, target, on_outcome, batch_size)
 
-    def produce(it: SpeechItem) -> SpeechOutcome:
+    def produce(it: SpeechItem, path: Path, settings: dict) -> SpeechOutcome:
         failed = _frontend_needed(it)
-        if failed is not None:
-            return failed
-        res = synth.synthesize(it.request)
-        write_tokens_atomic(tokens_path(output_dir, it.request.id), res.tokens)
-        return SpeechOutcome(it.where, it.request.id, res)
+        return failed or _written(it, synth.synthesize(it.request), path, settings)
 
-    return run_items(synth, items, done, overwrite, SpeechOutcome, produce, (SynthesisInputError,), on_outcome)
+    return run_items(synth, items, resume, target, SpeechOutcome, produce, (SynthesisInputError,), on_outcome)
 
 
-def _run_batched(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, done: Callable[[str], bool],
-                 overwrite: bool, on_outcome: Callable[[SpeechOutcome], None] | None, batch_size: int
-                 ) -> list[SpeechOutcome]:
+def _run_batched(synth: Synthesizer, items: list[SpeechItem], resume: Resume, target: Target,
+                 on_outcome: Callable[[SpeechOutcome], None] | None, batch_size: int) -> list[SpeechOutcome]:
     """:func:`run_synthesis` through :meth:`Synthesizer.synthesize_batch`: each output is written as its row
     finishes; outcomes are released to ``on_outcome`` in input order as soon as all earlier ones are known."""
     outcomes: list[SpeechOutcome | None] = [None] * len(items)
@@ -213,20 +321,21 @@ def _run_batched(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, 
                 on_outcome(outcomes[released])
             released += 1
 
-    todo = []
+    todo: list[tuple[int, Path, dict]] = []
     for k, it in enumerate(items):
-        out = _settled(it, done, overwrite, SpeechOutcome) or _frontend_needed(it)
+        out, path, settings = _settled(it, resume, target, SpeechOutcome)
+        out = out or _frontend_needed(it)
         if out is None:
-            todo.append(k)
+            todo.append((k, path, settings))
         else:
             settle(k, out)
-    for j, res in synth.synthesize_batch([items[k].request for k in todo], batch_size):
-        it = items[todo[j]]
+    for j, res in synth.synthesize_batch([items[k].request for k, _, _ in todo], batch_size):
+        k, path, settings = todo[j]
+        it = items[k]
         if isinstance(res, SynthesisInputError):
-            settle(todo[j], SpeechOutcome(it.where, it.request.id, error=str(res)))
-            continue
-        write_tokens_atomic(tokens_path(output_dir, it.request.id), res.tokens)
-        settle(todo[j], SpeechOutcome(it.where, it.request.id, res))
+            settle(k, SpeechOutcome(it.where, it.request.id, error=str(res)))
+        else:
+            settle(k, _written(it, res, path, settings))
     synth.finish()
     return [out for out in outcomes if out is not None]
 

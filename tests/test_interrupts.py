@@ -61,8 +61,8 @@ def test_synthesize_ctrl_c_reports_what_finished(tmp_path, cv3, monkeypatch):
 
 
 def test_distill_data_and_train_ctrl_c_name_what_a_rerun_resumes(tmp_path, cv3, monkeypatch):
+    import specli.distill.loop as loop
     import specli.distill.speech_data as speech_data
-    import specli.distill.speech_train as speech_train
 
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(["a b c", "d e f", "g h i", "j k l"]) + "\n")
@@ -81,7 +81,7 @@ def test_distill_data_and_train_ctrl_c_name_what_a_rerun_resumes(tmp_path, cv3, 
              "--drafter", "dspark", "--steps", "4", "--anchors", "4", "--markov-rank", "8", "--draft-vocab", "256",
              "--checkpoint-every", "1", "--batch", "1", "--out", str(tmp_path / "drafter"), "-q"]
     with monkeypatch.context() as m:
-        _interrupt_on_call(m, speech_train, "_save_checkpoint", 3)
+        _interrupt_on_call(m, loop, "write_checkpoint", 3)  # the third checkpoint a drafter's training writes
         res = _invoke(train)
     assert res.exit_code == 130, res.stderr
     assert f"checkpoints so far are in {tmp_path / 'drafter' / 'checkpoints'}" in res.stderr

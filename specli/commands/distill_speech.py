@@ -1,33 +1,42 @@
 """``specli distill data|train`` for synthesis presets: on-policy speech-token data and drafter training.
 
-Called by :mod:`specli.commands.distill` when ``--preset`` names a synthesis preset (``task =
-"synthesize"``); the Whisper path is unchanged.
+Used by :mod:`specli.commands.distill` when ``--preset`` names a synthesis preset (``task =
+"synthesize"``); the Whisper path is there. This module does not import that one (no import loop):
+training is prepared here and run by the caller.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
+from specli.core.device import resolve_device
+from specli.core.sampling import SamplerOptions
+from specli.distill.data import load_windows
+from specli.distill.loop import Progress, TrainSummary
+from specli.distill.speech_data import SpeechDataOptions, generate_speech, lm_fingerprint, read_speech_manifest
+from specli.distill.speech_train import SpeechTrainOptions, train_speech
 from specli.errors import PresetError, SpecliError
+from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
+from specli.presets import preset_task
+from specli.presets.synthesis import load_synthesis_preset
+from specli.tts.pipeline import read_items
+from specli.tts.synthesis import build_synthesizer
+
+TrainFn = Callable[[Progress | None], TrainSummary]  # progress -> what training did
 
 
 def is_speech_preset(name: str) -> bool:
-    """True when ``name`` is a synthesis preset (a CosyVoice LM target)."""
-    from specli.presets import read_preset_toml
-
-    return read_preset_toml(name)[1].get("task") == "synthesize"
+    """True when ``name`` is a synthesis preset (its family runs in the synthesis pipeline)."""
+    return preset_task(name) == "synthesize"
 
 
-def load_speech_target(preset_name: str, model: str | None = None, sampler: str | None = None):
+def load_speech_target(preset_name: str, model: str | None = None,
+                       sampler: str | None = None) -> tuple[CosyVoiceModel, SamplerOptions]:
     """The preset's CosyVoice LM (or ``model``) and its deployment sampler settings."""
-    from specli.core.device import resolve_device
-    from specli.tts.synthesis import build_synthesizer
-    from specli.models.cosyvoice.lm import load_cosyvoice
-    from specli.presets.synthesis import load_synthesis_preset
-
     preset = load_synthesis_preset(preset_name)
     loaded = load_cosyvoice(model or preset.model, preset.dtype, device=resolve_device(preset.device))
     try:
@@ -40,9 +49,6 @@ def load_speech_target(preset_name: str, model: str | None = None, sampler: str 
 def run_speech_data(inputs, texts, preset_name: str, out: Path, model: str | None, sampler: str | None, seed: int,
                     aux_layers: str | None, per_shard: int, quiet: bool) -> None:
     """Regenerate on-policy labels for the utterances of INPUTS / --text and write shards to ``out``."""
-    from specli.distill.speech_data import SpeechDataOptions, generate_speech
-    from specli.tts.pipeline import read_items
-
     items = read_items(inputs, texts, sys.stdin.buffer if "-" in inputs else None)
     for it in items:
         if it.request is None:
@@ -66,14 +72,10 @@ def run_speech_data(inputs, texts, preset_name: str, out: Path, model: str | Non
                f"{s.skipped} already done -> {out}", err=True)
 
 
-def run_speech_train(data_dirs, preset_name: str, out: Path | None, val_dir: Path | None, model: str | None,
-                     quiet: bool, **train_kw) -> None:
-    """Train a DSpark / DFlash / EAGLE-3 drafter on the shards of ``data_dirs``."""
-    from specli.commands.distill import run_training
-    from specli.distill.data import load_windows
-    from specli.distill.speech_data import read_speech_manifest
-    from specli.distill.speech_train import SpeechTrainOptions, train_speech
-
+def speech_training(data_dirs, preset_name: str, out: Path | None, val_dir: Path | None, model: str | None,
+                    **train_kw) -> tuple[TrainFn, Path]:
+    """Check the shards of ``data_dirs`` and load the target; the training of a DSpark / DFlash / EAGLE-3
+    drafter on them (to run with its progress callback) and its output directory."""
     manifests = [read_speech_manifest(d) for d in data_dirs]
     keys = ("fingerprint", "aux_layers", "sampler", "seed")
     if any({k: m.get(k) for k in keys} != {k: manifests[0].get(k) for k in keys} for m in manifests):
@@ -83,14 +85,12 @@ def run_speech_train(data_dirs, preset_name: str, out: Path | None, val_dir: Pat
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     loaded, _ = load_speech_target(preset_name, model)
-    from specli.distill.speech_data import lm_fingerprint
-
     if manifests[0].get("fingerprint") != lm_fingerprint(loaded):
         raise SpecliError(f"{data_dirs[0]}: data was generated with another target ({manifests[0].get('model')!r})")
-    out = out or Path(f"{opts.drafter}-drafter")
+    target = out or Path(f"{opts.drafter}-drafter")
     records = [r for d in data_dirs for r in load_windows(d)]
     val = None
     if val_dir is not None:
         read_speech_manifest(val_dir)
         val = load_windows(val_dir)
-    run_training(lambda progress: train_speech(records, loaded, out, opts, val, manifests[0], progress), quiet, out)
+    return (lambda progress: train_speech(records, loaded, target, opts, val, manifests[0], progress)), target

@@ -22,13 +22,13 @@ a rerun skips them.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from specli.io.atomic import write_atomic, write_atomic_with
 from specli.io.audio import iter_audio_chunks
 from specli.asr.drafters.eagle_head import target_fingerprint
 from specli.asr.fallback import AR, WindowDecode
@@ -50,12 +50,6 @@ class DataSummary:
     windows: int  # windows written now
 
 
-def _atomic_write_bytes(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def open_manifest(out: Path, fingerprint: str | None = None, name: str | None = None) -> dict:
     """The manifest of ``out`` (empty when new); refuses one made with another target (``fingerprint``)."""
     path = out / MANIFEST
@@ -75,13 +69,13 @@ def read_manifest(out: Path, model: WhisperModel | None = None) -> dict:
 
 
 def _write_manifest(out: Path, manifest: dict) -> None:
-    _atomic_write_bytes(out / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1, sort_keys=True)))
+    write_atomic(out / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
 
 
 def add_shard(out: Path, manifest: dict, key: str, records: list[dict], **info) -> str:
     """Write ``records`` as the next shard (atomically), list it under ``key`` and save the manifest."""
     shard = f"shard-{manifest['next_shard']:05d}.pt"
-    _atomic_write_bytes(out / shard, lambda p: torch.save({"windows": records}, p))
+    write_atomic_with(out / shard, lambda fh: torch.save({"windows": records}, fh))
     manifest["done"][key] = {"shard": shard, "windows": len(records), **info}
     manifest["next_shard"] += 1
     _write_manifest(out, manifest)

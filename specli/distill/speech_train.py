@@ -15,8 +15,8 @@ generated positions (eos included) are trained on. Published recipes (SpeechSpec
 
 The draft vocabulary is the ``draft_vocab`` speech tokens the target generated most often in the
 data, plus every stop id (capped at the target's vocabulary: the whole vocabulary for a small one).
-Checkpoints (module, config, optimizer, position) go to ``OUT/checkpoints`` every
-``checkpoint_every`` steps and at the end of each epoch; a rerun resumes from the latest. With
+Epochs, step budget, learning-rate schedule and checkpoints (module, config, optimizer, position, under
+``OUT/checkpoints``; a rerun resumes from the latest) are :mod:`specli.distill.loop`'s. With
 validation sequences, acceptance (tokens per target forward, bonus included) is measured by real
 :func:`~specli.core.speculative.speculative_decode` with the drafter at the data's deployment
 sampler, and the drafter saved in ``OUT`` (speculators format) is the best validated one.
@@ -25,8 +25,6 @@ sampler, and the drafter saved in ``OUT`` (speculators format) is the best valid
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -35,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from specli.distill import losses
-from specli.distill.train import (TrainSummary, _latest_checkpoint, checkpoint_position, epoch_batches, learning_rate,
-                                  write_checkpoint)
+from specli.distill.loop import Progress, Trainee, TrainSummary, read_checkpoint, restored_optimizer, train_loop
+from specli.distill.speech_data import use_aux_layers
 from specli.core.drafters.llm.dflash import BlockDrafter, DFlashModule, new_dflash
 from specli.core.drafters.llm.dspark import DSparkModule, new_dspark
 from specli.asr.drafters.eagle_head import draft_vocabulary
@@ -50,7 +48,6 @@ from specli.core.types import DecodeStats, accumulate
 from specli.errors import SpecliError
 from specli.core.drafters.llm.speculators import save_speculators
 
-Progress = Callable[[str], None]
 DrafterKind = Literal["dspark", "dflash", "eagle3"]
 # kind -> (draft layers, block size / unroll, slot offset: depth of slot 0)
 RECIPES: dict[str, tuple[int, int, int]] = {"dspark": (3, 8, 1), "dflash": (5, 4, 0), "eagle3": (1, 7, 1)}
@@ -238,8 +235,6 @@ def validate(module: SpeechDraftModule, model: CosyVoiceModel, records: list[dic
              seed: int = 0, max_draft: int = 0) -> DecodeStats:
     """Decode each held-out record's prompt again with real speculative decoding (``module`` drafting,
     the data's sampler and per-request generator); the summed stats (``acceptance_length``)."""
-    from specli.distill.speech_data import use_aux_layers
-
     was_training = module.training
     use_aux_layers(model, module.config.target_layers())
     spec, lm = model.spec, model.lm
@@ -261,33 +256,6 @@ def validate(module: SpeechDraftModule, model: CosyVoiceModel, records: list[dic
     return stats
 
 
-def _save_checkpoint(ckpt_dir: Path, module: SpeechDraftModule, opt, step: int, epoch: int, batch_index: int,
-                     best: float | None) -> None:
-    cfg = asdict(module.config)
-    cfg.pop("extra", None)
-    write_checkpoint(ckpt_dir, step, epoch, batch_index, best, module=module.state_dict(), config=json.dumps(cfg),
-                     optim=opt.state_dict())
-
-
-def _resume(ckpt_dir: Path, model: CosyVoiceModel, records: list[dict], options: SpeechTrainOptions):
-    """Module and optimizer from the latest checkpoint (or new), (step, epoch, batches done), best so far."""
-    latest = _latest_checkpoint(ckpt_dir)
-    state = None if latest is None else torch.load(latest, weights_only=True)
-    if state is None:
-        module = new_module(options.drafter, model, records, options)
-    else:
-        cfg = SpeechDraftConfig(**json.loads(state["config"]))
-        if cfg.kind != options.drafter:
-            raise SpecliError(f"{ckpt_dir}: checkpoints of a {cfg.kind} drafter, not {options.drafter}")
-        module = MODULES[cfg.kind](cfg, target_parts(model.lm), state["module"]["draft_ids"])
-        module.load_state_dict(state["module"])
-    opt = torch.optim.AdamW(module.parameters(), lr=options.lr, weight_decay=0.0)
-    if state is None:
-        return module.train(), opt, (0, 0, 0), None
-    opt.load_state_dict(state["optim"])
-    return module.train(), opt, *checkpoint_position(state)
-
-
 def _info(options: SpeechTrainOptions, step: int, loss: float, val: float | None, n: int, manifest: dict) -> dict:
     info = {k: v for k, v in asdict(options).items()}
     info.update(steps_done=step, last_loss=loss, val_acceptance=val, train_sequences=n,
@@ -295,15 +263,46 @@ def _info(options: SpeechTrainOptions, step: int, loss: float, val: float | None
     return info
 
 
-def _step(module, opt, batch: SpeechBatch, options: SpeechTrainOptions, step: int) -> tuple[float, dict[str, float]]:
-    for group in opt.param_groups:
-        group["lr"] = learning_rate(options, step)  # type: ignore[arg-type]  # reads lr, warmup, steps
-    loss, logs = batch_loss(module, batch, options)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(module.parameters(), options.clip)
-    opt.step()
-    return float(loss.detach()), logs
+def _restore(state: dict | None, model: CosyVoiceModel, records: list[dict], options: SpeechTrainOptions,
+             where: Path) -> SpeechDraftModule:
+    """The module of the checkpoint ``state`` (refused if another kind), else a new one."""
+    if state is None:
+        return new_module(options.drafter, model, records, options)
+    cfg = SpeechDraftConfig(**json.loads(state["config"]))
+    if cfg.kind != options.drafter:
+        raise SpecliError(f"{where}: checkpoints of a {cfg.kind} drafter, not {options.drafter}")
+    module = MODULES[cfg.kind](cfg, target_parts(model.lm), state["module"]["draft_ids"])
+    module.load_state_dict(state["module"])
+    return module
+
+
+def _entries(module: SpeechDraftModule) -> dict:
+    cfg = asdict(module.config)
+    cfg.pop("extra", None)
+    return {"module": module.state_dict(), "config": json.dumps(cfg)}
+
+
+def _trainee(module: SpeechDraftModule, opt: torch.optim.Optimizer, model: CosyVoiceModel, out: Path,
+             records: list[dict], val_set: list[dict], manifest: dict, options: SpeechTrainOptions) -> Trainee:
+    """The loop's view of a speech drafter: the recipe's loss, validation at the data's sampler,
+    speculators-format save into ``out``."""
+    index = layer_index([int(i) for i in manifest.get("aux_layers", [])], module)
+    sampler = SamplerOptions(**manifest["sampler"]) if "sampler" in manifest else SamplerOptions("ras")
+
+    def loss(idx: list[int], gen: torch.Generator) -> tuple[torch.Tensor, str]:
+        batch = make_batch([records[j] for j in idx], index, options.anchors, model.spec.eos, module.parts.device, gen)
+        total, logs = batch_loss(module, batch, options)
+        return total, ", ".join(f"{k} {v:.3f}" for k, v in logs.items())
+
+    def check() -> tuple[float, str]:
+        stats = validate(module, model, val_set, sampler, int(manifest.get("seed", 0)), options.val_max_draft)
+        rates = ", ".join(f"{a / max(n, 1):.2f}" for a, n in zip(stats.position_accepts, stats.position_attempts))
+        return stats.acceptance_length, f"on {len(val_set)} sequence(s) (per position {rates})"
+
+    def save(step: int, last_loss: float, val: float | None) -> None:
+        save_speculators(module, out, _info(options, step, last_loss, val, len(records), manifest))
+
+    return Trainee(module, opt, len(records), loss, check if val_set else None, save, lambda: _entries(module))
 
 
 def train_speech(
@@ -315,48 +314,9 @@ def train_speech(
     records = [r for r in records if len(r["tokens"]) > int(r["plen"])]
     if not records:
         raise ValueError("no training sequence has a generated token")
-    stored = [int(i) for i in manifest.get("aux_layers", [])]
-    sampler = SamplerOptions(**manifest["sampler"]) if "sampler" in manifest else SamplerOptions("ras")
-    ckpt_dir = out / "checkpoints"
-    module, opt, (step, epoch0, skip), best = _resume(ckpt_dir, model, records, options)
-    index = layer_index(stored, module)
-    dev = module.parts.device
-    loss_v, val, spent, taken = float("nan"), None, 0.0, 0
+    state = read_checkpoint(out)
+    module = _restore(state, model, records, options, out / "checkpoints").train()
+    opt = restored_optimizer(module, options.lr, state, weight_decay=0.0)
     val_set = (val_records or [])[: options.val_sequences]
-    for epoch in range(epoch0, options.epochs):
-        if options.steps and step >= options.steps:
-            break
-        stopped: int | None = None  # the batch the step budget stopped at
-        for bi, idx in epoch_batches(len(records), options.batch, options.seed, epoch, skip if epoch == epoch0 else 0):
-            if options.steps and step >= options.steps:  # step budget spent: resumable from here
-                stopped = bi
-                break
-            t0 = time.perf_counter()
-            gen = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
-            batch = make_batch([records[j] for j in idx], index, options.anchors, model.spec.eos, dev, gen)
-            loss_v, logs = _step(module, opt, batch, options, step)
-            step += 1
-            spent, taken = spent + time.perf_counter() - t0, taken + 1
-            if progress is not None:
-                progress(f"epoch {epoch + 1} step {step}: loss {loss_v:.4f} "
-                         f"({', '.join(f'{k} {v:.3f}' for k, v in logs.items())})")
-            if step % options.checkpoint_every == 0:
-                _save_checkpoint(ckpt_dir, module, opt, step, epoch, bi + 1, best)
-        if val_set and (stopped is not None or (epoch + 1) % options.val_every == 0 or epoch + 1 == options.epochs):
-            stats = validate(module, model, val_set, sampler, int(manifest.get("seed", 0)), options.val_max_draft)
-            val = stats.acceptance_length
-            if progress is not None:
-                pairs = zip(stats.position_accepts, stats.position_attempts)
-                rates = ", ".join(f"{a / max(n, 1):.2f}" for a, n in pairs)
-                progress(f"epoch {epoch + 1}: validation acceptance length {val:.3f} on {len(val_set)} sequence(s) "
-                         f"(per position {rates})")
-            if best is None or val > best:  # the drafter saved in OUT is the best validated one
-                best = val
-                save_speculators(module, out, _info(options, step, loss_v, val, len(records), manifest))
-        if stopped is not None:
-            _save_checkpoint(ckpt_dir, module, opt, step, epoch, stopped, best)
-            break
-        _save_checkpoint(ckpt_dir, module, opt, step, epoch + 1, 0, best)
-    if best is None or (val is not None and val >= best):  # not validated, or the last one is the best
-        save_speculators(module, out, _info(options, step, loss_v, val, len(records), manifest))
-    return TrainSummary(step, loss_v, val, best, out, spent / max(taken, 1))
+    trainee = _trainee(module, opt, model, out, records, val_set, manifest, options)
+    return train_loop(trainee, options, out, state, progress)

@@ -7,9 +7,10 @@ the previous step (never the target's states of later rows) with the embedding o
 at that position (teacher-forced tokens, on-policy labels). Step ``k`` predicts ``t[p+k+1]``; the
 loss is ``sum_k beta**(k-1) * CE_k`` (each CE a mean over the valid rows), optimised with AdamW.
 
-Checkpoints (head + optimizer + position) are written every ``checkpoint_every`` steps under
-``OUT/checkpoints`` and training resumes from the latest. With validation windows, the head saved in
-``OUT`` is the one with the best validation acceptance so far (early stopping on a small data set).
+The epochs, step budget, learning-rate schedule, checkpoints (head + optimizer + position, under
+``OUT/checkpoints``; a rerun resumes from the latest) and validation are :mod:`specli.distill.loop`'s.
+With validation windows, the head saved in ``OUT`` is the one with the best validation acceptance so far
+(early stopping on a small data set).
 Validation acceptance length (tau, tokens per target forward, bonus included) is measured every
 ``val_every`` epochs by running the real
 :func:`~specli.core.speculative.speculative_decode` with an :class:`EagleDrafter` (greedy, chain)
@@ -18,12 +19,9 @@ against the target on held-out windows; its output is checked against the record
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +34,11 @@ from specli.core.speculative import SpecOptions, speculative_decode
 from specli.models.whisper.loader import WhisperModel
 from specli.models.whisper.rules import WhisperLogitRules
 from specli.core.types import DecodeStats, accumulate
+from specli.distill.loop import (Progress, Trainee, TrainSummary, learning_rate, read_checkpoint, restored_optimizer,
+                                 train_loop)
 
-Progress = Callable[[str], None]
+__all__ = ["Batch", "TrainOptions", "TrainSummary", "dropped", "learning_rate", "make_batch", "new_head", "noisy",
+           "start_rows", "train", "unrolled_loss", "validate"]
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,8 @@ class TrainOptions:
             raise ValueError("dropout must be within [0, 1)")
         if self.draft_vocab < 0:
             raise ValueError("draft_vocab must be >= 0")
-        if self.val_every < 1:
-            raise ValueError("val_every must be >= 1")
+        if self.val_every < 1 or self.checkpoint_every < 1:
+            raise ValueError("val_every and checkpoint_every must be >= 1")
         if self.epochs < 1 or self.steps < 0 or self.batch < 1 or self.unroll < 1 or self.max_starts < 1:
             raise ValueError("epochs, batch, unroll and max_starts must be >= 1; steps >= 0")
         if not 0.0 < self.beta <= 1.0 or self.lr <= 0:
@@ -95,18 +96,6 @@ class Batch:
     positions: torch.Tensor  # [B, S, K] its decoder position (p+k)
     labels: torch.Tensor  # [B, S, K] target token of each step (t[p+k+1]), -100 where none
     audio: torch.Tensor  # [B, A, d] encoder outputs
-
-
-@dataclass(frozen=True)
-class TrainSummary:
-    """What ``train`` did."""
-
-    steps: int  # optimizer steps taken in all (resumed ones included)
-    last_loss: float  # loss of the last step
-    val_acceptance: float | None  # acceptance length on the held-out windows at the last validation
-    best_acceptance: float | None  # the best validation acceptance: the head saved is that one
-    head_dir: Path  # where the head was saved
-    seconds_per_step: float  # mean wall time of this run's steps
 
 
 def start_rows(window: dict) -> list[int]:
@@ -209,54 +198,6 @@ def validate(head: SpeechDraftHead, model: WhisperModel, windows: list[dict], ma
     return stats.acceptance_length, mismatched
 
 
-def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    found = sorted(ckpt_dir.glob("ckpt-*.pt"))
-    return found[-1] if found else None
-
-
-def write_checkpoint(ckpt_dir: Path, step: int, epoch: int, batch_index: int, best: float | None, **parts) -> None:
-    """Write ``ckpt-<step>.pt`` atomically: ``parts`` (state dicts), the training position (``epoch`` and
-    the batches of it done) and the best validation so far; keep the two latest checkpoints."""
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    path = ckpt_dir / f"ckpt-{step:08d}.pt"
-    state = {**parts, "step": step, "epoch": epoch, "batch_index": batch_index,
-             "best_val": -1.0 if best is None else best}
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
-    for old in sorted(ckpt_dir.glob("ckpt-*.pt"))[:-2]:  # keep the two latest
-        old.unlink()
-
-
-def checkpoint_position(state: dict) -> tuple[tuple[int, int, int], float | None]:
-    """(step, epoch, batches of it done) and the best validation so far of a checkpoint's ``state``."""
-    best = float(state.get("best_val", -1.0))
-    return (int(state["step"]), int(state["epoch"]), int(state["batch_index"])), (None if best < 0 else best)
-
-
-def epoch_batches(n: int, batch: int, seed: int, epoch: int, skip: int = 0) -> Iterator[tuple[int, list[int]]]:
-    """``(batch index, item indices)`` of one epoch over ``n`` items in an order seeded by ``seed + epoch``;
-    the first ``skip`` batches (done before a resume) are left out."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
-    for bi, i in enumerate(range(0, n, batch)):
-        if bi >= skip:
-            yield bi, [int(j) for j in order[i : i + batch]]
-
-
-def _save_checkpoint(ckpt_dir: Path, head, opt, step: int, epoch: int, batch_index: int,
-                     best: float | None) -> None:
-    write_checkpoint(ckpt_dir, step, epoch, batch_index, best, head=head.state_dict(), optim=opt.state_dict())
-
-
-def learning_rate(options: TrainOptions, step: int) -> float:
-    """Linear warm-up, then (with a step budget) cosine decay to a tenth of ``lr`` at ``steps``."""
-    lr = options.lr * min(1.0, (step + 1) / max(options.warmup, 1))
-    if options.steps and step >= options.warmup:
-        done = min(1.0, (step - options.warmup) / max(options.steps - options.warmup, 1))
-        lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
-    return lr
-
-
 def new_head(model: WhisperModel, windows: list[dict], draft_vocab: int) -> SpeechDraftHead:
     """A fresh head whose draft vocabulary is the ``draft_vocab`` tokens the target emitted most often
     in ``windows`` (plus every special and timestamp token; the whole vocabulary when 0), its block
@@ -273,25 +214,6 @@ def new_head(model: WhisperModel, windows: list[dict], draft_vocab: int) -> Spee
     return SpeechDraftHead.for_target(target, model.name, ids).init_from_target(target)
 
 
-def _resume(ckpt_dir: Path, model: WhisperModel, windows: list[dict], options: TrainOptions):
-    """The head and optimizer from the latest checkpoint (or new), (step, epoch, batches done) and the
-    best validation acceptance so far (None before the first)."""
-    latest = _latest_checkpoint(ckpt_dir)
-    state = None if latest is None else torch.load(latest, weights_only=True)
-    if state is None and options.init:  # fine-tune a trained head: a float32 copy with its own draft vocabulary
-        head = load_head(options.init, model.target)
-    elif state is None:
-        head = new_head(model, windows, options.draft_vocab)
-    else:  # the checkpoint's own draft vocabulary, whatever the data now holds
-        head = SpeechDraftHead.for_target(model.target, model.name, state["head"]["vocab_ids"])
-        head.load_state_dict(state["head"])
-    opt = torch.optim.AdamW(head.parameters(), lr=options.lr)
-    if state is None:
-        return head.train(), opt, (0, 0, 0), None
-    opt.load_state_dict(state["optim"])
-    return head.train(), opt, *checkpoint_position(state)
-
-
 def _training_info(opts: TrainOptions, step: int, loss: float, val: float | None, n_windows: int) -> dict:
     return {"steps": step, "epochs": opts.epochs, "lr": opts.lr, "batch": opts.batch, "unroll": opts.unroll,
             "beta": opts.beta, "max_starts": opts.max_starts, "draft_vocab": opts.draft_vocab,
@@ -299,6 +221,43 @@ def _training_info(opts: TrainOptions, step: int, loss: float, val: float | None
             "init": opts.init,
             "last_loss": loss, "val_acceptance": val,
             "train_windows": n_windows}
+
+
+
+
+def _restore(state: dict | None, model: WhisperModel, windows: list[dict], options: TrainOptions) -> SpeechDraftHead:
+    """The head of the checkpoint ``state`` (its own draft vocabulary, whatever the data now holds), else
+    ``options.init``'s trained head (a float32 copy, its own draft vocabulary), else a new one."""
+    if state is not None:
+        head = SpeechDraftHead.for_target(model.target, model.name, state["head"]["vocab_ids"])
+        head.load_state_dict(state["head"])
+        return head
+    if options.init:
+        return load_head(options.init, model.target)
+    return new_head(model, windows, options.draft_vocab)
+
+
+def _trainee(head: SpeechDraftHead, opt: torch.optim.Optimizer, model: WhisperModel, out: Path, windows: list[dict],
+             val_set: list[dict], options: TrainOptions) -> Trainee:
+    """The loop's view of an EAGLE head: unrolled loss (under autocast with bfloat16 precision), greedy
+    validation on ``val_set``, ``save_head`` into ``out``."""
+    half = options.precision == "bfloat16"
+
+    def loss(idx: list[int], gen: torch.Generator) -> tuple[torch.Tensor, str]:
+        batch = make_batch([windows[j] for j in idx], options.unroll, options.max_starts, gen)
+        with torch.autocast(batch.audio.device.type, dtype=torch.bfloat16, enabled=half):
+            total, per_step = unrolled_loss(head, batch, options.beta, options.feature_noise, options.dropout, gen)
+        return total, f"per step {', '.join(f'{c:.2f}' for c in per_step)}"
+
+    def check() -> tuple[float, str]:
+        val, bad = validate(head, model, val_set, options.val_max_draft)
+        return val, (f"on {len(val_set)} window(s); {bad} decoded differently from the recorded greedy tokens")
+
+    def save(step: int, last_loss: float, val: float | None) -> None:
+        save_head(head, out, _training_info(options, step, last_loss, val, len(windows)))
+
+    return Trainee(head, opt, len(windows), loss, check if val_set else None, save,
+                   lambda: {"head": head.state_dict()})
 
 
 def train(
@@ -309,49 +268,8 @@ def train(
     windows = [w for w in windows if start_rows(w)]
     if not windows:
         raise ValueError("no training window has a sampled token to predict")
-    ckpt_dir = out / "checkpoints"
-    head, opt, (step, epoch0, skip), best = _resume(ckpt_dir, model, windows, options)
-    loss_v, val, spent, taken = float("nan"), None, 0.0, 0
+    state = read_checkpoint(out)
+    head = _restore(state, model, windows, options).train()
+    opt = restored_optimizer(head, options.lr, state)
     val_set = (val_windows or [])[: options.val_windows]
-    for epoch in range(epoch0, options.epochs):
-        if options.steps and step >= options.steps:
-            break
-        stopped = False
-        for bi, idx in epoch_batches(len(windows), options.batch, options.seed, epoch, skip if epoch == epoch0 else 0):
-            if options.steps and step >= options.steps:  # step budget spent: resumable from here
-                _save_checkpoint(ckpt_dir, head, opt, step, epoch, bi, best)
-                stopped = True
-                break
-            gen = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
-            t0 = time.perf_counter()
-            batch = make_batch([windows[j] for j in idx], options.unroll, options.max_starts, gen)
-            for group in opt.param_groups:
-                group["lr"] = learning_rate(options, step)
-            half = options.precision == "bfloat16"
-            with torch.autocast(batch.audio.device.type, dtype=torch.bfloat16, enabled=half):
-                loss, per_step = unrolled_loss(head, batch, options.beta, options.feature_noise, options.dropout, gen)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), options.clip)
-            opt.step()
-            step, loss_v = step + 1, float(loss.detach())
-            spent, taken = spent + time.perf_counter() - t0, taken + 1
-            if progress is not None:
-                progress(f"epoch {epoch + 1} step {step}: loss {loss_v:.4f} "
-                         f"(per step {', '.join(f'{c:.2f}' for c in per_step)})")
-            if step % options.checkpoint_every == 0:
-                _save_checkpoint(ckpt_dir, head, opt, step, epoch, bi + 1, best)
-        if val_set and (stopped or (epoch + 1) % options.val_every == 0 or epoch + 1 == options.epochs):
-            val, bad = validate(head, model, val_set, options.val_max_draft)
-            if progress is not None:
-                progress(f"epoch {epoch + 1}: validation acceptance length {val:.3f} on {len(val_set)} "
-                         f"window(s); {bad} decoded differently from the recorded greedy tokens")
-            if best is None or val > best:  # the head saved in OUT is the best validated one
-                best = val
-                save_head(head, out, _training_info(options, step, loss_v, val, len(windows)))
-        if stopped:
-            break
-        _save_checkpoint(ckpt_dir, head, opt, step, epoch + 1, 0, best)
-    if best is None or (val is not None and val >= best):  # not validated, or the last head is the best
-        save_head(head, out, _training_info(options, step, loss_v, val, len(windows)))
-    return TrainSummary(step, loss_v, val, best, out, spent / max(taken, 1))
+    return train_loop(_trainee(head, opt, model, out, windows, val_set, options), options, out, state, progress)

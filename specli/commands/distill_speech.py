@@ -17,10 +17,10 @@ from specli.core.device import resolve_device
 from specli.core.sampling import SamplerOptions
 from specli.distill.data import load_windows
 from specli.distill.loop import Progress, TrainSummary
-from specli.distill.speech_data import SpeechDataOptions, generate_speech, lm_fingerprint, read_speech_manifest
+from specli.distill.speech_data import SpeechDataOptions, generate_speech, read_speech_manifest
 from specli.distill.speech_train import SpeechTrainOptions, train_speech
 from specli.errors import PresetError, SpecliError
-from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
+from specli.models.cosyvoice.lm import CosyVoiceModel, lm_fingerprint, load_cosyvoice
 from specli.presets import preset_task
 from specli.presets.synthesis import load_synthesis_preset
 from specli.tts.pipeline import read_items

@@ -38,7 +38,7 @@ from specli.distill.data import add_shard, open_manifest
 from specli.core.drafters.llm.base import KINDS, default_aux_layers, target_layer_ids
 from specli.core.sampling import SamplerOptions
 from specli.tts.synthesis import SynthesisInputError, SynthesisOptions, SynthesisRequest, Synthesizer, prepare
-from specli.models.cosyvoice.lm import CosyVoiceModel
+from specli.models.cosyvoice.lm import CosyVoiceModel, lm_fingerprint
 from specli.errors import SpecliError
 
 Progress = Callable[[str, int, int], None]  # (message, requests done, requests total)
@@ -79,12 +79,6 @@ def default_layers(target_layers: int) -> tuple[int, ...]:
         layers, convention = default_aux_layers(kind, target_layers)  # type: ignore[arg-type]
         ids.update(target_layer_ids(layers, convention))
     return tuple(sorted(i for i in ids if 0 <= i <= target_layers))
-
-
-def lm_fingerprint(model: CosyVoiceModel) -> str:
-    """A short hash of the LM's architecture and output vocabulary (what a drafter depends on)."""
-    data = {"dims": asdict(model.lm.qwen.dims), "spec": asdict(model.spec)}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def request_key(request: SynthesisRequest) -> str:

@@ -23,10 +23,9 @@ from typing import TypeVar
 
 import numpy as np
 
-from specli.distill.speech_data import lm_fingerprint
 from specli.io.atomic import write_atomic_with
 from specli.io.resume import ResumeMode, decide, file_fingerprint, sidecar_path, write_sidecar
-from specli.models.cosyvoice.lm import CosyVoiceModel
+from specli.models.cosyvoice.lm import CosyVoiceModel, lm_fingerprint
 from specli.tts.drafting import resolve_drafter_dir
 from specli.tts.synthesis import SynthesisInputError, SynthesisOptions, SynthesisRequest, SynthesisResult, Synthesizer
 

@@ -54,6 +54,7 @@ from torch import nn
 from specli.models.layers import Int8Linear, Linear, cross_attention
 from specli.models.whisper.target import WhisperDims, WhisperTarget
 from specli.errors import ModelLoadError
+from specli.io.atomic import write_atomic
 
 FORMAT = "specli-eagle-head/1"
 MAX_STEPS = 32  # draft steps the head's self-attention cache holds (max_draft is capped at 24)
@@ -280,9 +281,7 @@ def save_head(head: SpeechDraftHead, out: str | Path, training: dict | None = No
              for k, v in head.state_dict().items()}
     save_file(state, str(out / "model.safetensors"))
     meta = {"format": FORMAT, "config": asdict(head.cfg), "training": training or {}}
-    tmp = out / "config.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
-    tmp.replace(out / "config.json")
+    write_atomic(out / "config.json", json.dumps(meta, indent=2, sort_keys=True))
     return out
 
 

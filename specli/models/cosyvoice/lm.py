@@ -16,10 +16,11 @@ resolve offline from ``$SPECLI_MODELS_DIR`` and the local Hugging Face cache; no
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -251,3 +252,9 @@ def load_cosyvoice(name_or_dir: str, dtype: str = "float32", aux_layers: Sequenc
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path / QWEN_DIR}: cannot load the tokenizer: {exc}") from exc
     return CosyVoiceModel(name_or_dir, path, spec, lm, tokenizer)
+
+
+def lm_fingerprint(model: CosyVoiceModel) -> str:
+    """A short hash of the LM's architecture and output vocabulary (what a drafter depends on)."""
+    data = {"dims": asdict(model.lm.qwen.dims), "spec": asdict(model.spec)}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

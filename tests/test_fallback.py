@@ -12,6 +12,7 @@ from specli.core import speculative
 from specli.asr.fallback import (DecodeMethod, DecodingOptions, avg_logprob, decode_attempt, decode_with_fallback,
                                      fallback_steps, is_silent, needs_fallback, rank_score, should_skip)
 from specli.asr.drafters.model import ModelDrafter
+from specli.core.job import DecodeJob, Probe
 from specli.core.logits import SamplingParams, filter_logits
 from specli.core.speculative import SpecOptions
 from specli.core.types import DecodeResult, DecodeStats
@@ -104,9 +105,9 @@ def test_average_logprob_and_ranking_follow_whisper():
 
 def _tiny_fallback(options: DecodingOptions, method: DecodeMethod = DecodeMethod(), seed: int = 0):
     target = tiny_target(0, init_std=0.15)
-    return decode_with_fallback(target, window(target, 11), fallback_steps(
-        [SOT, NO_TS], tiny_rules(False), EOT, 6, None, 0, options=options,
-        text_of=lambda toks: " ".join(map(str, toks)), method=method, generator=torch.Generator().manual_seed(seed)))
+    job = DecodeJob((SOT, NO_TS), tiny_rules(False), EOT, 6, generator=torch.Generator().manual_seed(seed))
+    return decode_with_fallback(target, window(target, 11),
+                                fallback_steps(job, options, lambda toks: " ".join(map(str, toks)), method))
 
 
 def test_a_decode_that_passes_is_kept_at_temperature_zero():
@@ -130,13 +131,13 @@ def test_likely_silence_stops_the_fallback_at_once():
                            logprob_threshold=None, no_speech_threshold=0.0)
 
     def run(o: DecodingOptions):
-        return decode_with_fallback(target, window(target, 11), fallback_steps(
-            [SOT, NO_TS], tiny_rules(False), EOT, 6, NO_TS, 0, options=o, text_of=str,
-            generator=torch.Generator().manual_seed(0)))
+        job = DecodeJob((SOT, NO_TS), tiny_rules(False), EOT, 6, generator=torch.Generator().manual_seed(0),
+                        probe=Probe(0, NO_TS))
+        return decode_with_fallback(target, window(target, 11), fallback_steps(job, o, str))
 
     stopped = run(opts)
     assert (stopped.attempts, stopped.first_failed) == (1, True)
-    assert should_skip(stopped.result.no_speech_prob, stopped.avg_logprob, stopped.first_failed, opts)
+    assert should_skip(stopped.result.probed, stopped.avg_logprob, stopped.first_failed, opts)
     whisper = run(DecodingOptions(**{**opts.__dict__, "fallback_silence": False}))
     assert (whisper.attempts, whisper.temperature) == (3, 1.0)  # Whisper retries every temperature
 
@@ -144,11 +145,10 @@ def test_likely_silence_stops_the_fallback_at_once():
 def test_best_of_keeps_the_highest_ranked_sample():
     target, rules = tiny_target(0, init_std=0.15), tiny_rules(False)
     opts = DecodingOptions(temperatures=(1.0,), best_of=4)
-    kept, _ = decode_attempt(target, window(target, 11), [SOT, NO_TS], rules, EOT, 6, None, 0, options=opts,
-                             generator=torch.Generator().manual_seed(3))
-    gen = torch.Generator().manual_seed(3)  # the same four samples, one at a time
-    singles = [decode_attempt(target, window(target, 11), [SOT, NO_TS], rules, EOT, 6, None, 0,
-                              options=DecodingOptions(temperatures=(1.0,), best_of=1), generator=gen)[0]
+    kept, _ = decode_attempt(target, window(target, 11),
+                             DecodeJob((SOT, NO_TS), rules, EOT, 6, generator=torch.Generator().manual_seed(3)), opts)
+    job = DecodeJob((SOT, NO_TS), rules, EOT, 6, generator=torch.Generator().manual_seed(3))  # the same four samples
+    singles = [decode_attempt(target, window(target, 11), job, DecodingOptions(temperatures=(1.0,), best_of=1))[0]
                for _ in range(4)]
     assert len({tuple(s.tokens) for s in singles}) > 1, "samples must differ for the test to mean anything"
     best = max(singles, key=lambda r: rank_score(r, None))
@@ -158,9 +158,9 @@ def test_best_of_keeps_the_highest_ranked_sample():
 def test_sampled_logprobs_are_at_temperature_one():
     """Whisper judges a sample by the log-probabilities of the untempered (rule-filtered) distribution."""
     target, rules = tiny_target(0, init_std=0.15), tiny_rules(False)
-    res, _ = decode_attempt(target, window(target, 11), [SOT, NO_TS], rules, EOT, 4, None, 0,
-                            options=DecodingOptions(temperatures=(0.7,), best_of=1),
-                            generator=torch.Generator().manual_seed(5))
+    res, _ = decode_attempt(target, window(target, 11),
+                            DecodeJob((SOT, NO_TS), rules, EOT, 4, generator=torch.Generator().manual_seed(5)),
+                            DecodingOptions(temperatures=(0.7,), best_of=1))
     state = window(target, 11)
     toks = [SOT, NO_TS, *res.tokens] + ([EOT] if res.finished else [])
     logits = target.score(state, torch.tensor([toks[:-1]])).logits[0, 1:]
@@ -189,8 +189,8 @@ def _first_tokens(method: DecodeMethod, runs: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1234)
     counts = torch.zeros(VOCAB)
     for _ in range(runs):
-        out = decode_with_fallback(target, window(target, 11), fallback_steps(
-            [SOT, NO_TS], rules, EOT, 3, None, 0, options=opts, text_of=str, method=method, generator=gen))
+        job = DecodeJob((SOT, NO_TS), rules, EOT, 3, generator=gen)
+        out = decode_with_fallback(target, window(target, 11), fallback_steps(job, opts, str, method))
         assert out.temperature == 0.6
         counts[out.result.tokens[0] if out.result.tokens else EOT] += 1
     return counts

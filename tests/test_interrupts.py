@@ -106,10 +106,14 @@ def test_bench_ctrl_c_keeps_the_measured_runs(tmp_path, monkeypatch):
 
 
 def test_bench_synthesis_ctrl_c_exits_130(tmp_path, cv3, monkeypatch):
-    import specli.bench.synthesis as synthesis_bench
+    from specli.tts.synthesis import Synthesizer
 
     lines = tmp_path / "lines.txt"
-    lines.write_text("one two\n")
-    _interrupt_on_call(monkeypatch, synthesis_bench, "run_synthesis_bench", 1)
-    res = _invoke(["bench", str(lines), "--presets", "cosyvoice3-ar", "--out", str(tmp_path / "b"), "-q"])
+    lines.write_text("one two\nthree four\n")
+    preset = tmp_path / "tiny-ar.toml"
+    preset.write_text(f'family = "cosyvoice"\nmodel = "{cv3}"\nsampler = "greedy"\n')
+    _interrupt_on_call(monkeypatch, Synthesizer, "synthesize", 2)  # the first utterance is measured, then Ctrl-C
+    res = _invoke(["bench", str(lines), "--presets", str(preset), "--repeat", "1", "--no-warmup",
+                   "--out", str(tmp_path / "b"), "-q"])
     assert res.exit_code == 130 and "interrupted: no report written" in res.stderr
+    assert not (tmp_path / "b" / "report.json").exists()

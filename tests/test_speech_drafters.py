@@ -245,10 +245,10 @@ def test_drafter_presets():
         preset = load_synthesis_preset(name)
         assert preset.drafter in KINDS and preset.draft_dir and preset.strategy != "ar"
     with pytest.raises(PresetError, match="needs a dspark"):
-        synthesis_preset_from_dict("x", {"task": "synthesize", "model": "cosyvoice3", "strategy": "adaptive",
+        synthesis_preset_from_dict("x", {"model": "cosyvoice3", "strategy": "adaptive",
                                          "drafter": "pool"})
     with pytest.raises(PresetError, match="needs draft_dir"):
-        synthesis_preset_from_dict("x", {"task": "synthesize", "model": "cosyvoice3", "strategy": "chain",
+        synthesis_preset_from_dict("x", {"model": "cosyvoice3", "strategy": "chain",
                                          "drafter": "dflash"})
 
 

@@ -64,7 +64,7 @@ def reference(model):
 def _near_ties(model, synth, request: SynthesisRequest, tokens: list[int]) -> set[int]:
     """Steps of the batch-1 AR decode of ``tokens`` whose decision lies within TOL of flipping."""
     prep = prepare(model, request)
-    job = synth._job(request.id, request, prep, torch.device("cpu"))
+    job = synth._job(request, prep, torch.device("cpu"))
     state = model.lm.start(len(prep.prompt) + len(tokens) + 2)
     with torch.inference_mode():
         logits = model.lm.score(state, torch.tensor([prep.prompt + tokens])).logits[0, len(prep.prompt) - 1:]

@@ -222,7 +222,7 @@ def test_write_atomic_keeps_the_old_file_when_the_rename_fails(tmp_path, monkeyp
     def boom(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("specli.asr.writers.os.replace", boom)
+    monkeypatch.setattr("specli.io.atomic.os.replace", boom)
     with pytest.raises(OSError, match="No space"):
         write_atomic(out, "new\n")
     assert out.read_text() == "old\n"
@@ -239,7 +239,7 @@ def test_write_atomic_keeps_the_old_file_when_encoding_fails(tmp_path):
 
 
 def test_write_atomic_does_not_create_a_missing_file_on_failure(tmp_path, monkeypatch):
-    monkeypatch.setattr("specli.asr.writers.os.replace", lambda s, d: (_ for _ in ()).throw(OSError("nope")))
+    monkeypatch.setattr("specli.io.atomic.os.replace", lambda s, d: (_ for _ in ()).throw(OSError("nope")))
     with pytest.raises(OSError):
         write_atomic(tmp_path / "new.json", "{}")
     assert list(tmp_path.iterdir()) == []

@@ -53,6 +53,7 @@ def test_compute_type_default_follows_the_target_where_ctranslate2_has_it():
     supported = ctranslate2.get_supported_compute_types("cpu")
     assert peer_compute_type(torch.float32, "cpu", None) == "float32"
     assert peer_compute_type(torch.bfloat16, "cpu", None) == ("bfloat16" if "bfloat16" in supported else "float32")
+    assert peer_compute_type(torch.int8, "cpu", None) == ("int8_bfloat16" if "int8_bfloat16" in supported else "float32")
     assert peer_compute_type(torch.float32, "cpu", "int8") == "int8"
     missing = next(ct for ct in COMPUTE_TYPES if ct not in supported)  # CPUs have no float16 in CTranslate2
     with pytest.raises(BenchError, match=f"has no {missing} on cpu"):

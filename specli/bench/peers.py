@@ -228,7 +228,8 @@ class FasterWhisperBatchedPeer(FasterWhisperPeer):
 
 def peer_compute_type(dtype: torch.dtype, device: str, asked: str | None) -> str:
     """The CTranslate2 compute type a faster-whisper peer runs in: ``asked``, else the target's ``dtype``
-    where CTranslate2 has it on ``device`` (CPUs without fast bf16 kernels in CTranslate2: float32)."""
+    where CTranslate2 has it on ``device`` (an int8 target: ``int8_bfloat16``; CPUs without fast bf16 kernels in
+    CTranslate2: float32)."""
     import ctranslate2
 
     supported = set(ctranslate2.get_supported_compute_types(device))
@@ -237,7 +238,7 @@ def peer_compute_type(dtype: torch.dtype, device: str, asked: str | None) -> str
             raise BenchError(f"faster-whisper: CTranslate2 {ctranslate2.__version__} has no {asked} on {device} "
                              f"here; supported: {', '.join(sorted(supported))}")
         return asked
-    wanted = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")
+    wanted = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int8: "int8_bfloat16"}.get(dtype, "float32")
     return wanted if wanted in supported else "float32"
 
 

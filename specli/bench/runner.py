@@ -56,7 +56,7 @@ class BenchOptions:
     task: Task = "transcribe"  # presets and peers alike: transcribe, or translate (X -> English)
     timestamps: bool | None = None  # timestamp tokens, presets and peers alike; None = only on clips over 30 s
     device: str | None = None  # every preset on this device (auto, cpu, cuda, cuda:N); None = each preset's
-    dtype: str | None = None  # every preset in this dtype (auto, float32, bfloat16, float16); None = each preset's
+    dtype: str | None = None  # every preset in this dtype (auto, float32, bfloat16, float16, int8); None = each preset's
     batch_sizes: tuple[int, ...] = ()  # throughput mode (specli.bench.throughput): these batch sizes; () = per file
 
     def __post_init__(self) -> None:

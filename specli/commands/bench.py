@@ -72,9 +72,9 @@ def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--from-runs", "from_runs", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help=f"Measure nothing: build the report again from a {RUNS_NAME} an earlier run wrote.")
 @click.option("--device", help="Run every preset (and peer) on: auto, cpu, cuda, cuda:N (default: each preset's).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]),
               help="Every preset in this dtype (default: each preset's, auto: bfloat16 on CPUs with native bf16 "
-              "(AVX512-BF16 / AMX), float32 on other CPUs, float16 on CUDA).")
+              "(AVX512-BF16 / AMX), float32 on other CPUs, float16 on CUDA; int8: weight-only int8 decoder, CPU).")
 @click.option("--batch-sizes", "batch_sizes", callback=_batch_sizes, metavar="N,N,...",
               help="Throughput mode: every system transcribes the whole input set at each batch size (e.g. "
               "1,2,4,8,16); reports audio seconds per wall second and speedup vs AR.")

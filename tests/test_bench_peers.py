@@ -9,7 +9,7 @@ import torch
 from conftest import EN_CLIPS
 from specli.io.audio import load_audio
 from specli.bench.peers import (COMPUTE_TYPES, BenchError, FasterWhisperBatchedPeer, FasterWhisperPeer, PeerSpec,
-                                parse_peer, peer_compute_type)
+                                PeerTarget, parse_peer, peer_compute_type)
 from specli.bench.runner import BenchOptions
 from specli.bench.wer import normalize
 
@@ -62,7 +62,10 @@ def test_compute_type_default_follows_the_target_where_ctranslate2_has_it():
 
 @pytest.fixture(scope="module")
 def tiny(whisper_models):
-    return whisper_models("whisper-tiny.en")
+    """What a peer knows of the specli target: name, directory, device, dtype (no weights)."""
+    target = PeerTarget.of(whisper_models("whisper-tiny.en"))
+    assert (target.name, target.device, target.dtype) == ("whisper-tiny.en", "cpu", "float32")
+    return target
 
 
 def test_faster_whisper_peer_runs_in_the_compute_type_asked(tiny):

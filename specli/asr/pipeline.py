@@ -13,7 +13,8 @@ from pathlib import Path
 
 from specli.io.audio import AUDIO_EXTENSIONS, iter_audio_chunks
 from specli.asr.fallback import AR
-from specli.asr.language import check_model_name, check_model_support, normalize_language
+from specli.asr.language import check_model_name, normalize_language
+from specli.asr.speech import speech_hooks
 from specli.asr.scheduler import batch_unsupported, transcribe_batched
 from specli.asr.strategies import Engine, load_engine
 from specli.models.whisper.loader import WhisperModel
@@ -277,7 +278,7 @@ def transcribe(
     if engine is None:
         check_model_name(p.model, options.task, options.language)
         engine = load_engine(p, language=options.language)
-    check_model_support(engine.model.special, engine.preset.model, options.task, options.language)
+    speech_hooks(engine.model).check_support(engine.preset.model, options.task, options.language)
     found, bad = discover(str(i) for i in inputs)
     yield from bad
     paths = [path for path, _root in found]

@@ -234,3 +234,16 @@ def test_missing_files_name_them(tiny_dir, tmp_path):
     assert "model.safetensors" in str(err.value) and "preprocessor_config.json" in str(err.value)
     with pytest.raises(ModelLoadError, match="not found"):
         load_qwen2_audio(str(tmp_path / "nowhere"), "float32")
+
+
+def test_instructions_and_a_base_model_without_chat_template(tmp_path):
+    from specli.models.qwen2_audio.text import default_instruction
+
+    assert default_instruction("transcribe", "en") == "Detect the language and recognize the speech: <|en|>"
+    assert default_instruction("translate", None) == "Detect the language and translate the speech into English:"
+    base = load_qwen2_audio(str(write_tiny_qwen2_audio(tmp_path / "base", chat=False)), "float32")
+    assert base.tokenizer.template is None and base.tokenizer.eot == base.tokenizer.special.end_of_text
+    job, state, _mel, _frames = _window(base, _clip(0, 1.0), max_new=5)
+    sp = base.tokenizer.special
+    assert list(job.prompt[:2]) == [sp.audio_bos, sp.audio] and job.prompt.count(sp.audio) == 25  # 100 frames: 50 after conv, 25 pooled
+    assert len(greedy_decode(base.target, state, job).tokens) <= 5

@@ -109,3 +109,32 @@ def test_missing_files_exit_3(tiny_dir, inputs, tmp_path):
     res = run("transcribe", "--preset", "qwen2-audio-ar", inputs / "queue-youarenext.wav", "-o", tmp_path,
               "--model", "qwen2-audio-nowhere")
     assert res.exit_code == 3 and "never downloads" in res.output
+
+
+def test_names_resolve_offline_from_the_hf_cache_and_models_dir(tiny_dir, inputs, tmp_path):
+    """`--preset qwen2-audio-ar` (model "qwen2-audio") from a Hugging Face cache snapshot, and
+    `--model NAME` under $SPECLI_MODELS_DIR (claimed by the family, so its default preset runs)."""
+    repo = tmp_path / "hub" / "models--Qwen--Qwen2-Audio-7B-Instruct"
+    shutil.copytree(tiny_dir, repo / "snapshots" / "0123abc")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abc")
+    shutil.copytree(tiny_dir, tmp_path / "models" / "my-qwen")
+    clip = inputs / "queue-youarenext.wav"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1",
+           "SPECLI_MODELS_DIR": str(tmp_path / "models")}
+    for args, out in ((["--preset", "qwen2-audio-ar"], "hub-out"), (["--model", "my-qwen"], "dir-out")):
+        proc = subprocess.run([sys.executable, "-m", "specli", "transcribe", *args, str(clip), "-f", "json",
+                               "-o", str(tmp_path / out), "--threads", "1", *FAST],
+                              cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+        assert proc.returncode == 0, proc.stderr
+    hub, named = (json.loads((tmp_path / d / "queue-youarenext.json").read_text()) for d in ("hub-out", "dir-out"))
+    assert hub["segments"][0]["tokens"] == named["segments"][0]["tokens"]
+
+
+def test_translate_beam_and_sampling_run(tiny_dir, inputs, tmp_path):
+    clip = inputs / "queue-youarenext.wav"
+    for args in (["translate"], ["transcribe", "--beam-size", "2"], ["transcribe", "--temperature", "0.5"]):
+        res = run(*args, "--model", tiny_dir, clip, "-o", tmp_path / args[-1], *FAST)
+        assert res.exit_code == 0, res.output
+    res = run("transcribe", "--model", tiny_dir, clip, "-o", tmp_path, "--word-timestamps", *FAST)
+    assert res.exit_code == 2 and "word timestamps" in res.output

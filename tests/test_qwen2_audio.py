@@ -247,3 +247,11 @@ def test_instructions_and_a_base_model_without_chat_template(tmp_path):
     sp = base.tokenizer.special
     assert list(job.prompt[:2]) == [sp.audio_bos, sp.audio] and job.prompt.count(sp.audio) == 25  # 100 frames: 50 after conv, 25 pooled
     assert len(greedy_decode(base.target, state, job).tokens) <= 5
+
+
+def test_resume_settings_name_the_instruction_only_when_given():
+    from specli.asr.pipeline import option_settings
+    from specli.asr.windows import TranscribeOptions
+
+    assert "instruction" not in option_settings(TranscribeOptions())  # Whisper outputs made before still resume
+    assert option_settings(TranscribeOptions(instruction="Transcribe."))["instruction"] == "Transcribe."

@@ -170,7 +170,17 @@ def text_settings(preset: Preset, opts: TranscribeOptions, extra: Mapping[str, o
     Every field of ``opts`` is included, so a new ``TranscribeOptions`` field is covered without more
     work; settings that live elsewhere (a decoding or VAD option) go into ``extra``.
     """
-    return {"preset": preset.name, "model": preset.model, "dtype": preset.dtype, **asdict(opts), **(extra or {})}
+    return {"preset": preset.name, "model": preset.model, "dtype": preset.dtype, **option_settings(opts),
+            **(extra or {})}
+
+
+def option_settings(opts: TranscribeOptions) -> dict:
+    """The fields of ``opts`` as resume records them; an unset ``instruction`` (every Whisper run) is left out, so
+    outputs made before the field existed still resume."""
+    fields = asdict(opts)
+    if fields.get("instruction") is None:
+        fields.pop("instruction", None)
+    return fields
 
 
 def run_batch(
@@ -197,7 +207,8 @@ def run_batch(
     the fields of ``opts``); otherwise it is redone and ``on_redo(path, reason)`` says why. ``mode``
     "overwrite" (or ``overwrite=True``) always redoes, "skip-existing" keeps whatever exists.
     """
-    settings = dict(settings) if settings is not None else {**asdict(opts), **({"vad": asdict(vad)} if vad else {})}
+    settings = (dict(settings) if settings is not None
+                else {**option_settings(opts), **({"vad": asdict(vad)} if vad else {})})
     mode = mode or ("overwrite" if overwrite else "changed")
     skipped: dict[int, Outcome | None] = {}
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from specli.io.audio import AUDIO_EXTENSIONS, iter_audio_chunks
 from specli.asr.fallback import AR
-from specli.asr.language import check_model_name, check_model_support, normalize_language
+from specli.asr.language import check_model_name, normalize_language
+from specli.asr.speech import speech_hooks
 from specli.asr.scheduler import batch_unsupported, transcribe_batched
 from specli.asr.strategies import Engine, load_engine
 from specli.models.whisper.loader import WhisperModel
@@ -169,7 +170,17 @@ def text_settings(preset: Preset, opts: TranscribeOptions, extra: Mapping[str, o
     Every field of ``opts`` is included, so a new ``TranscribeOptions`` field is covered without more
     work; settings that live elsewhere (a decoding or VAD option) go into ``extra``.
     """
-    return {"preset": preset.name, "model": preset.model, "dtype": preset.dtype, **asdict(opts), **(extra or {})}
+    return {"preset": preset.name, "model": preset.model, "dtype": preset.dtype, **option_settings(opts),
+            **(extra or {})}
+
+
+def option_settings(opts: TranscribeOptions) -> dict:
+    """The fields of ``opts`` as resume records them; an unset ``instruction`` (every Whisper run) is left out, so
+    outputs made before the field existed still resume."""
+    fields = asdict(opts)
+    if fields.get("instruction") is None:
+        fields.pop("instruction", None)
+    return fields
 
 
 def run_batch(
@@ -196,7 +207,8 @@ def run_batch(
     the fields of ``opts``); otherwise it is redone and ``on_redo(path, reason)`` says why. ``mode``
     "overwrite" (or ``overwrite=True``) always redoes, "skip-existing" keeps whatever exists.
     """
-    settings = dict(settings) if settings is not None else {**asdict(opts), **({"vad": asdict(vad)} if vad else {})}
+    settings = (dict(settings) if settings is not None
+                else {**option_settings(opts), **({"vad": asdict(vad)} if vad else {})})
     mode = mode or ("overwrite" if overwrite else "changed")
     skipped: dict[int, Outcome | None] = {}
 
@@ -277,7 +289,7 @@ def transcribe(
     if engine is None:
         check_model_name(p.model, options.task, options.language)
         engine = load_engine(p, language=options.language)
-    check_model_support(engine.model.special, engine.preset.model, options.task, options.language)
+    speech_hooks(engine.model).check_support(engine.preset.model, options.task, options.language)
     found, bad = discover(str(i) for i in inputs)
     yield from bad
     paths = [path for path, _root in found]

@@ -138,7 +138,7 @@ class _Scheduler:
     def _encode(self, runs: list[_Running]) -> None:
         mel = torch.cat([r.request.mel for r in runs])  # [k, n_mels, 3000]
         t0 = time.perf_counter()
-        features = self.target.encode(mel)  # [k, audio_ctx, d_model]
+        features = self.target.encode(mel, [r.request.frames for r in runs])  # [k, audio_ctx, d_model]
         share = (time.perf_counter() - t0) / len(runs)
         for i, run in enumerate(runs):
             self._advance(run, Encoded(features[i : i + 1], share))

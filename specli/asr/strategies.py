@@ -13,6 +13,7 @@ from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.drafters.recycling import RecyclingDrafter
 from specli.asr.fallback import AR, DecodeMethod
+from specli.asr.speech import speech_hooks
 from specli.core.goodput import FixedCosts, OnlineCosts
 from specli.core.speculative import SpecOptions
 from specli.core.device import dtype_name, resolve_device
@@ -40,7 +41,7 @@ def _tree_options(preset: Preset) -> DynamicTreeOptions:
 def build_drafter(preset: Preset, target: WhisperModel, language: str | None = None) -> Drafter:
     """The preset's drafter for ``target`` (loads a draft model when the preset names one)."""
     if preset.drafter == "pool":
-        drafter: Drafter = NgramDrafter(NgramPool(preset.ngram), target.special.eot)
+        drafter: Drafter = NgramDrafter(NgramPool(preset.ngram), speech_hooks(target).eot)
     elif preset.drafter == "model":
         draft = load_whisper(preset.draft_model, preset.dtype, device=target.target.device)
         if draft.target.dims.vocab != target.target.dims.vocab:

@@ -16,22 +16,23 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Concatenate, Literal, ParamSpec
 
 import numpy as np
 import torch
 
-from specli.io.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, window_features
+from specli.io.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE
 from specli.asr.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, Word, add_word_timestamps, word_seek
 from specli.asr.fallback import (AR, Attempt, DecodeMethod, DecodingOptions, FallbackSteps, WindowDecode, drive,
-                                     fallback_steps, run_attempt, should_skip, suppress_ids)
-from specli.asr.language import detect_language
+                                     fallback_steps, run_attempt, should_skip)
 from specli.asr.segments import completed_length, find_loop, split_window, trim_repetition
+from specli.asr.speech import speech_hooks, whisper_prompt, whisper_rules
+from specli.errors import UsageError
+from specli.models.speech import SpeechHooks, WindowPrompt
 from specli.models.whisper.loader import WhisperModel
 from specli.models.whisper.target import DecoderState
 from specli.models.whisper.rules import WhisperLogitRules
-from specli.core.job import DecodeJob, Probe
 from specli.core.types import DecodeResult, DecodeStats, TargetState, accumulate
 
 #: Called after each window's decode with the window's state, prompt and kept decode (distillation
@@ -56,6 +57,7 @@ class TranscribeOptions:
     word_timestamps: bool = False  # word timings from cross-attention alignment (asr/alignment.py)
     prepend_punctuations: str = PREPEND_PUNCTUATIONS  # with word timestamps: merged into the next word
     append_punctuations: str = APPEND_PUNCTUATIONS  # with word timestamps: merged into the previous word
+    instruction: str | None = None  # audio-LLM families: the instruction text (None: the model's documented one)
 
     def __post_init__(self) -> None:
         if self.task not in ("transcribe", "translate"):
@@ -129,22 +131,20 @@ class _WindowReader:
 
 def _prompt(model: WhisperModel, opts: TranscribeOptions, language: str | None, previous: list[int],
             hotwords: list[int]) -> list[int]:
-    """``<|startofprev|>`` + hotwords + previous text (initial prompt first), then the sot sequence."""
-    sot_seq = model.special.prompt(language, opts.task, opts.timestamps)
-    if not previous and not hotwords:
-        return sot_seq
-    room = 223 - len(sot_seq)
-    hot = hotwords[: room // 2]
-    prev = previous[-(room - len(hot)) :] if room > len(hot) else []
-    return [model.special.sot_prev, *hot, *prev, *sot_seq]
+    """Whisper's window prompt: ``<|startofprev|>`` + hotwords + previous text, then the sot sequence."""
+    return whisper_prompt(model, _window_prompt(opts, language, previous, hotwords, N_FRAMES, None))
 
 
 def logit_rules(model: WhisperModel, opts: TranscribeOptions) -> WhisperLogitRules:
-    """The window's logit rules: the model's, with the suppressed ids of ``opts.decoding``."""
-    sp = model.special
-    rules = WhisperLogitRules.for_model(sp, timestamps=opts.timestamps)
-    always = (sp.transcribe, sp.translate, sp.sot, sp.sot_prev, sp.no_speech)
-    return replace(rules, suppress_tokens=suppress_ids(opts.decoding, sp.suppress_tokens, always))
+    """A Whisper window's logit rules: the model's, with the suppressed ids of ``opts.decoding``."""
+    return whisper_rules(model, opts.timestamps, opts.decoding.suppress_tokens)
+
+
+def _window_prompt(opts: TranscribeOptions, language: str | None, previous: list[int], hotwords: list[int],
+                   frames: int, gen: torch.Generator | None) -> WindowPrompt:
+    """What the family builds a window's decode job from."""
+    return WindowPrompt(opts.task, language, tuple(previous), tuple(hotwords), opts.timestamps,
+                        tuple(opts.decoding.suppress_tokens), opts.max_new_tokens, frames, gen, opts.instruction)
 
 
 def file_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -162,6 +162,7 @@ class EncodeRequest:
     """A file's step machine asks for one window's encoder output; answered with :class:`Encoded`."""
 
     mel: torch.Tensor  # [1, n_mels, 3000] the window's log-mel
+    frames: int = N_FRAMES  # its real (unpadded) frames: an encoder that masks padding reads them
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ def serve_one(target: object, request: EncodeRequest | DecodeRequest) -> Encoded
     """Answer one request of a file's step machine on its own (batch 1)."""
     if isinstance(request, EncodeRequest):
         t0 = time.perf_counter()
-        features = target.encode(request.mel)
+        features = target.encode(request.mel, [request.frames])
         return Encoded(features, time.perf_counter() - t0)
     return run_attempt(target, request.window.state, request.attempt)
 
@@ -241,12 +242,11 @@ def transcribe_steps(
     """The long-form loop of one file as a step machine: yields :class:`EncodeRequest` and
     :class:`DecodeRequest`, receives their answers, returns the :class:`FileResult`. Whoever answers
     (:func:`serve_one` at batch 1, :mod:`specli.asr.scheduler` over several files), the loop is this one."""
-    sp, target, dec = model.special, model.target, opts.decoding
-    rules = logit_rules(model, opts)
+    hooks, dec = speech_hooks(model), opts.decoding
+    if opts.word_timestamps and not hooks.word_timestamps:
+        raise UsageError(f"word timestamps need cross-attention alignment, which {type(model).__name__} has not")
     reader, stats = _WindowReader(chunks), FileStats()
-    language, lang_prob = opts.language, None
-    if not sp.multilingual:
-        language = language or "en"
+    language, lang_prob = hooks.language(opts.language), None
     segments: list[Segment] = []
     last_speech = 0.0  # end of the last aligned word (word timestamps)
     previous = _encode_text(model, dec.initial_prompt)
@@ -258,16 +258,15 @@ def transcribe_steps(
         window_frames = min(N_FRAMES, len(audio) // HOP_LENGTH)
         if window_frames == 0:
             break
-        window = yield from _encode_window(model, audio, stats)
-        if sp.multilingual and language is None:
-            probs = detect_language(target, window.state, sp)
-            language, lang_prob = next(iter(probs.items()))
+        window, frames = yield from _encode_window(model, hooks, audio, stats)
+        if language is None:
+            probs = hooks.detect_language(window.state)
+            if probs:
+                language, lang_prob = next(iter(probs.items()))
         if gen is None:  # one generator per file, on the target's device
             gen = file_generator(dec.seed, window.features.device)
-        prompt = _prompt(model, opts, language, previous, hotwords)
-        max_new = min(opts.max_new_tokens, target.dims.text_ctx - len(prompt))
-        job = DecodeJob(tuple(prompt), rules, sp.eot, max_new, generator=gen,
-                        probe=Probe(prompt.index(sp.sot), sp.no_speech))
+        job = hooks.window_job(_window_prompt(opts, language, previous, hotwords, frames, gen))
+        prompt = list(job.prompt)
         win = yield from _attempts_of(window, fallback_steps(job, dec, model.tokenizer.decode, decode))
         accumulate(stats.decode, win.stats)
         stats.fallback_windows += int(win.first_failed)
@@ -280,7 +279,7 @@ def transcribe_steps(
                 time_offset=seek * HOP_LENGTH / SAMPLE_RATE, num_frames=window_frames, last_speech=last_speech,
                 prepend_punctuations=opts.prepend_punctuations, append_punctuations=opts.append_punctuations)
             window_segs, last_speech = aligned.segments, aligned.last_speech
-            advance = word_seek(win.result.tokens, sp.timestamp_begin, seek, advance, aligned.last_word_end)
+            advance = word_seek(win.result.tokens, hooks.timestamp_begin, seek, advance, aligned.last_word_end)
         segments += window_segs
         previous = previous + keep if keep else []
         if not dec.condition_on_previous_text or win.temperature > dec.prompt_reset_on_temperature:
@@ -297,15 +296,16 @@ Transcribe 16 kHz mono chunks with ``decode`` (plain or speculative); ``on_windo
 reports progress. Runs :func:`transcribe_steps` (same arguments), answering each request on its own.""")
 
 
-def _encode_window(model: WhisperModel, audio: np.ndarray, stats: FileStats) -> Generator:
-    """Steps that encode one window (log-mel here, the encoder by the driver), counted in ``stats``."""
+def _encode_window(model: WhisperModel, hooks: SpeechHooks, audio: np.ndarray, stats: FileStats) -> Generator:
+    """Steps that encode one window (features here, the encoder by the driver), counted in ``stats``; returns
+    the window and its real frames."""
     t0 = time.perf_counter()
-    mel = window_features(audio, model.target.dims.n_mels)
+    mel, frames = hooks.features(audio)
     mel_seconds = time.perf_counter() - t0
-    encoded = yield EncodeRequest(mel)
+    encoded = yield EncodeRequest(mel, frames)
     stats.encode_seconds += mel_seconds + encoded.seconds
     stats.windows += 1
-    return Window(model.target, encoded.features, mel)
+    return Window(model.target, encoded.features, mel), frames
 
 
 def _attempts_of(window: Window, steps: FallbackSteps) -> Generator:
@@ -327,7 +327,7 @@ def _window_segments(
     model: WhisperModel, opts: TranscribeOptions, win: WindowDecode, seek: int, window_frames: int, stats: FileStats
 ) -> tuple[list[Segment], int, list[int]]:
     """Segments of one window, the seek advance, and the tokens to condition the next window on."""
-    sp, tok, res = model.special, model.tokenizer, win.result
+    sp, tok, res = speech_hooks(model), model.tokenizer, win.result
     if should_skip(res.probed, win.avg_logprob, win.first_failed, opts.decoding):
         stats.skipped_windows += 1
         return [], window_frames, []

@@ -21,11 +21,12 @@ from specli.io.audio import audio_duration
 from specli.asr.pipeline import DEFAULT_BATCH_SIZE, batch_size_for, discover, plan_outputs, run_batch, text_settings
 from specli.commands.decoding_flags import DECODING_FLAGS, decoding_options
 from specli.commands.interrupt import EXIT_INTERRUPTED
-from specli.asr.language import check_model_name, check_model_support, normalize_language
+from specli.asr.language import check_model_name, normalize_language
+from specli.asr.speech import speech_hooks
 from specli.asr.strategies import Engine, load_engine
 from specli.asr.windows import TranscribeOptions
 from specli.errors import AudioError
-from specli.presets import DEFAULT_PRESET, Preset, load_preset
+from specli.presets import DEFAULT_PRESET, Preset, load_preset, preset_for_model
 from specli.commands.progress import BatchProgress, RunSummary
 from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
 from specli.asr.vad import VadOptions, load_vad
@@ -38,6 +39,8 @@ OPTIONS = [
     click.argument("inputs", nargs=-1, required=True),
     click.option("--preset", default=DEFAULT_PRESET, show_default=True, help="Preset name or TOML file."),
     click.option("--model", help="Override the preset's model: bundled name, HF id/dir, CTranslate2 dir."),
+    click.option("--instruction", help="Audio-LLM models (qwen2-audio): the instruction put after the audio "
+                 "(default: the model's documented ASR / translation instruction, with the --language tag)."),
     click.option("--language", help="Language code or name (fr, French, castilian); omit to detect it per file."),
     click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path(".")),
     click.option("--output-format", "-f", type=click.Choice([*FORMATS, "all"]), default="txt", show_default=True),
@@ -100,7 +103,8 @@ def _transcribe_options(task: str, kw: dict, language: str | None) -> Transcribe
     """``TranscribeOptions`` from the parsed options (``language`` already normalised to a code)."""
     return TranscribeOptions(task=task, language=language, timestamps=kw["timestamps"],
                              word_timestamps=kw["word_timestamps"], prepend_punctuations=kw["prepend_punctuations"],
-                             append_punctuations=kw["append_punctuations"], decoding=decoding_options(kw))
+                             append_punctuations=kw["append_punctuations"], decoding=decoding_options(kw),
+                             instruction=kw["instruction"])
 
 
 def _subtitle_options(kw: dict) -> SubtitleOptions:
@@ -156,7 +160,7 @@ def _load(task: str, kw: dict, p: Preset, language: str | None) -> Engine:
     """Load the engine, rejecting (exit 2) a task or language the model cannot do, before any input."""
     check_model_name(kw["model"] or p.model, task, language)
     engine = load_engine(p, kw["model"], kw["dtype"], language, kw["compile_encoder"], kw["device"])
-    check_model_support(engine.model.special, engine.preset.model, task, language)
+    speech_hooks(engine.model).check_support(engine.preset.model, task, language)
     if engine.model.target.compiled_encoder is not None:
         click.echo(f"encoder compiled in {engine.model.target.compiled_encoder.compile_seconds:.1f} s", err=True)
     return engine
@@ -180,6 +184,8 @@ def _run(task: str, kw: dict) -> None:
     if kw["threads"]:
         torch.set_num_threads(kw["threads"])
     p = load_preset(kw["preset"])
+    if click.get_current_context().get_parameter_source("preset") is click.core.ParameterSource.DEFAULT:
+        p = preset_for_model(p, kw["model"])  # --model of another family: its default preset
     language = normalize_language(kw["language"])
     opts = _transcribe_options(task, kw, language)
     found, bad = discover(_read_inputs(kw["inputs"]))

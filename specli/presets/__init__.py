@@ -11,7 +11,7 @@ from types import UnionType
 from typing import Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from specli.errors import PresetError
-from specli.models.registry import Task, family
+from specli.models.registry import Task, family, family_of_model
 
 P = TypeVar("P", bound="PresetBase")  # a preset dataclass (Preset or SynthesisPreset)
 
@@ -190,6 +190,15 @@ def load_preset(name_or_path: str) -> Preset:
         raise PresetError(f"preset {preset.name!r} is a synthesis preset: use it with "
                           f"`specli synthesize --preset {preset.name}`")
     return preset
+
+
+def preset_for_model(preset: Preset, model: str | None) -> Preset:
+    """The preset to run ``model`` with when no preset was named: ``preset`` itself, unless another family
+    claims ``model`` (``specli transcribe --model <Qwen2-Audio dir>``): then that family's default preset."""
+    owner = family_of_model(model) if model else None
+    if owner is None or owner.name == preset.family or not owner.default_preset:
+        return preset
+    return load_preset(owner.default_preset)
 
 
 def read_preset_toml(name_or_path: str) -> tuple[str, dict]:

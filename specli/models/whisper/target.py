@@ -221,8 +221,9 @@ class WhisperTarget:
         return target
 
     @torch.inference_mode()
-    def encode(self, mel: torch.Tensor) -> torch.Tensor:
-        """Encoder forward: ``mel [B, n_mels, 3000]`` -> ``[B, audio_ctx, d_model]``."""
+    def encode(self, mel: torch.Tensor, frames: Sequence[int] | None = None) -> torch.Tensor:
+        """Encoder forward: ``mel [B, n_mels, 3000]`` -> ``[B, audio_ctx, d_model]``. ``frames`` (each row's real
+        frames, the encode contract of ``specli.asr``) is not read: Whisper sees the padded window, as trained."""
         if self.compiled_encoder is not None:
             return self.compiled_encoder.fn(mel.to(self.device, self.compute_dtype))
         x = F.gelu(F.conv1d(mel.to(self.device, self.compute_dtype), *self.conv1, padding=1))

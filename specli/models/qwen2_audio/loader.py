@@ -1,0 +1,203 @@
+"""Find, verify and load a Qwen2-Audio directory (offline), and its hooks into the transcription loop.
+
+A model is a local Hugging Face directory of ``Qwen2AudioForConditionalGeneration`` (``config.json``,
+``*.safetensors``, tokenizer files, ``preprocessor_config.json``, a chat template for the Instruct model):
+given as a path, a name under ``$SPECLI_MODELS_DIR``, or a hub id / short name already in the local Hugging
+Face cache. Nothing is downloaded; missing files are a :class:`ModelLoadError` (exit 3) naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specli.core.device import resolve_device, resolve_dtype
+from specli.core.job import DecodeJob
+from specli.errors import ModelLoadError, UsageError
+from specli.io.audio import HOP_LENGTH, N_FFT, SAMPLE_RATE, window_features
+from specli.models.qwen2 import Qwen2Dims, Qwen2Target
+from specli.models.qwen2_audio.target import N_FRAMES, Qwen2AudioTarget, audio_positions
+from specli.models.qwen2_audio.text import Qwen2AudioText, default_instruction
+from specli.models.speech import WindowPrompt
+
+MODEL_TYPE = "qwen2_audio"
+#: short names -> hub ids looked up in the local Hugging Face cache
+NAMES = {"qwen2-audio": "Qwen/Qwen2-Audio-7B-Instruct", "qwen2-audio-instruct": "Qwen/Qwen2-Audio-7B-Instruct",
+         "qwen2-audio-base": "Qwen/Qwen2-Audio-7B"}
+
+
+def _config(path: Path) -> dict | None:
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def claims(name_or_dir: str) -> bool:
+    """Whether ``name_or_dir`` names a Qwen2-Audio model (a short name, a hub id, or a directory whose
+    ``config.json`` says ``qwen2_audio``), known without loading it."""
+    if name_or_dir in NAMES or "qwen2-audio" in name_or_dir.lower():
+        return True
+    models = os.environ.get("SPECLI_MODELS_DIR")
+    for path in (Path(name_or_dir).expanduser(), *([Path(models) / name_or_dir] if models else [])):
+        cfg = _config(path) if path.is_dir() else None
+        if cfg is not None and cfg.get("model_type") == MODEL_TYPE:
+            return True
+    return False
+
+
+def resolve(name_or_dir: str) -> Path:
+    """The model directory: a path, ``$SPECLI_MODELS_DIR/<name>``, or a cached hub snapshot (never downloaded)."""
+    path = Path(name_or_dir).expanduser()
+    if path.is_dir():
+        return path
+    models = os.environ.get("SPECLI_MODELS_DIR")
+    if models and (Path(models) / name_or_dir).is_dir():
+        return Path(models) / name_or_dir
+    repo = NAMES.get(name_or_dir, name_or_dir)
+    if repo.count("/") == 1 and not repo.startswith((".", "/", "~")):
+        from huggingface_hub import snapshot_download  # noqa: PLC0415 (not a specli module)
+
+        try:
+            return Path(snapshot_download(repo, local_files_only=True))
+        except (OSError, ValueError):
+            pass
+    where = f"$SPECLI_MODELS_DIR/{name_or_dir}" if models else "$SPECLI_MODELS_DIR (not set)"
+    raise ModelLoadError(f"Qwen2-Audio model {name_or_dir!r} not found: not a directory, not under {where}, and "
+                         f"{repo!r} is not in the local Hugging Face cache (specli never downloads)")
+
+
+def missing_files(path: Path) -> list[str]:
+    """The files a Qwen2-Audio directory lacks (config, weights and the shards its index names, tokenizer,
+    feature extractor)."""
+    needed = ("config.json", "preprocessor_config.json", "tokenizer_config.json")
+    missing = [n for n in needed if not (path / n).is_file()]
+    if not (path / "tokenizer.json").is_file() and not (path / "vocab.json").is_file():
+        missing.append("tokenizer.json (or vocab.json + merges.txt)")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        missing += [s for s in shards if not (path / s).is_file()]
+    elif not any(path.glob("*.safetensors")):
+        missing.append("model.safetensors")
+    return missing
+
+
+def _check_features(path: Path, n_mels: int) -> None:
+    """The feature extractor must be Whisper's log-mel (so specli's own computes it): 16 kHz, n_fft 400,
+    hop 160, 30-s chunks, the tower's mel bins."""
+    cfg = json.loads((path / "preprocessor_config.json").read_text())
+    want = {"sampling_rate": SAMPLE_RATE, "n_fft": N_FFT, "hop_length": HOP_LENGTH, "chunk_length": 30,
+            "feature_size": n_mels}
+    bad = {k: cfg.get(k) for k, v in want.items() if cfg.get(k, v) != v}
+    if cfg.get("feature_extractor_type", "WhisperFeatureExtractor") != "WhisperFeatureExtractor" or bad:
+        raise ModelLoadError(f"{path / 'preprocessor_config.json'}: not Whisper's log-mel features {want} ({bad})")
+
+
+@dataclass(frozen=True)
+class SuppressRule:
+    """Logit rule: ``ids`` are never emitted."""
+
+    ids: tuple[int, ...]
+
+    def __call__(self, logits: torch.Tensor, prefixes) -> torch.Tensor:
+        out = logits.clone()
+        out[..., list(self.ids)] = float("-inf")
+        return out
+
+
+@dataclass(frozen=True)
+class Qwen2AudioModel:
+    """A loaded Qwen2-Audio model: target, text side, and the directory it came from."""
+
+    name: str
+    path: Path
+    target: Qwen2AudioTarget
+    tokenizer: Qwen2AudioText
+    n_mels: int
+
+    def speech_hooks(self) -> Qwen2AudioHooks:
+        return Qwen2AudioHooks(self)
+
+
+@dataclass(frozen=True)
+class Qwen2AudioHooks:
+    """Qwen2-Audio's part of the window loop (:class:`specli.models.speech.SpeechHooks`): no timestamp tokens
+    (a window is one segment spanning it), no language detection (the language tag is given or left out)."""
+
+    model: Qwen2AudioModel
+    word_timestamps: bool = False
+
+    @property
+    def eot(self) -> int:
+        return self.model.tokenizer.eot
+
+    @property
+    def timestamp_begin(self) -> int:
+        return self.model.target.dims.vocab  # no timestamp tokens
+
+    def features(self, audio: np.ndarray) -> tuple[torch.Tensor, int]:
+        """Log-mel ``[1, n_mels, 3000]`` and real frames, as WhisperFeatureExtractor's features and
+        attention mask (``ceil(samples / 160)`` frames)."""
+        return window_features(audio, self.model.n_mels), min(N_FRAMES, math.ceil(len(audio) / HOP_LENGTH))
+
+    def language(self, given: str | None) -> str | None:
+        return given
+
+    def detect_language(self, state: object) -> None:
+        return None
+
+    def check_support(self, model: str, task: str, language: str | None) -> None:
+        if task not in ("transcribe", "translate"):
+            raise UsageError(f"model {model!r} cannot {task}")
+
+    def window_job(self, p: WindowPrompt) -> DecodeJob:
+        tok, target = self.model.tokenizer, self.model.target
+        instruction = p.instruction or default_instruction(p.task, p.language)
+        prompt = tok.prompt(instruction, max(1, audio_positions(p.frames)))
+        room = target.max_len - len(prompt)
+        if room < 1:
+            raise UsageError(f"the instruction leaves no room to decode ({len(prompt)} prompt tokens)")
+        ids = tuple(t for t in p.suppress_tokens if t >= 0)
+        return DecodeJob(tuple(prompt), SuppressRule(ids) if ids else None, tok.eot, min(p.max_new_tokens, room),
+                         generator=p.generator)
+
+
+def load_qwen2_audio(name_or_dir: str, dtype: str = "float32", compile_encoder: bool = False,
+                     device: str | torch.device = "cpu") -> Qwen2AudioModel:
+    """Resolve, verify and load a Qwen2-Audio model: transformers' audio tower and projector, the lean decoder
+    over its language model (untied head: ``lm_head``), the tokenizer and chat template."""
+    from transformers import Qwen2AudioForConditionalGeneration  # noqa: PLC0415 (heavy; not a specli module)
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+
+    hf_logging.disable_progress_bar()  # library code shows nothing (transformers' loading bar included)
+
+    path = resolve(name_or_dir)
+    missing = missing_files(path)
+    if missing:
+        raise ModelLoadError(f"{path}: not a complete Qwen2-Audio directory, missing {', '.join(missing)}")
+    if (_config(path) or {}).get("model_type") != MODEL_TYPE:
+        raise ModelLoadError(f"{path / 'config.json'}: model_type is not {MODEL_TYPE!r}")
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if dt == torch.int8:
+        raise UsageError("dtype int8 is for Whisper targets; use float32, bfloat16 or float16")
+    try:
+        hf = Qwen2AudioForConditionalGeneration.from_pretrained(str(path), dtype=dt, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot load the weights: {exc}") from exc
+    n_mels = hf.config.audio_config.num_mel_bins
+    _check_features(path, n_mels)
+    lm = hf.model.language_model
+    weights = {f"model.{k}": v for k, v in lm.state_dict().items()} | {"lm_head.weight": hf.lm_head.weight.data}
+    dims = Qwen2Dims.from_hf_config(hf.config.text_config.to_dict())
+    decoder = Qwen2Target(dims, weights, dt, device=dev)
+    target = Qwen2AudioTarget(hf.model.audio_tower.to(dev), hf.model.multi_modal_projector.to(dev), decoder,
+                              int(hf.config.audio_token_id))
+    return Qwen2AudioModel(name_or_dir, path, target, Qwen2AudioText(path), n_mels)

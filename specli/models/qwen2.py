@@ -1,6 +1,7 @@
-"""Lean Qwen2 decoder target built for draft-and-verify (same contract as the Whisper target).
+"""Lean Qwen2 / Qwen3 decoder target built for draft-and-verify (same contract as the Whisper target).
 
-A decoder-only transformer (GQA attention with q/k/v biases, RoPE, RMSNorm, SwiGLU MLP) over a
+A decoder-only transformer (GQA attention with q/k/v biases (Qwen2) or per-head q/k RMSNorm and an explicit
+``head_dim`` (Qwen3), RoPE, RMSNorm, SwiGLU MLP) over a
 preallocated, position-indexed :class:`~specli.core.kv_cache.KVCache`. One
 :meth:`Qwen2Target.score` forward takes a chain or a tree of tokens (explicit positions and tree
 mask), given as token ids or directly as input embeddings (CosyVoice feeds embeddings built from
@@ -98,7 +99,8 @@ class Qwen2State:
 
 
 class _Block:
-    """One pre-norm Qwen2 block: fused q/k/v, output projection, fused gate/up, down."""
+    """One pre-norm Qwen2 / Qwen3 block: fused q/k/v, (Qwen3: RMSNorm of each q and k head), output projection,
+    fused gate/up, down."""
 
     def __init__(self, w: dict, prefix: str, dtype: torch.dtype) -> None:
         a = f"{prefix}.self_attn"
@@ -108,6 +110,9 @@ class _Block:
         self.qkv = Linear(torch.cat(parts), bias)
         self.split = [p.shape[0] for p in parts]
         self.o = Linear.from_weights(w, f"{a}.o_proj", dtype)
+        q_norm, k_norm = w.get(f"{a}.q_norm.weight"), w.get(f"{a}.k_norm.weight")  # Qwen3 (None: Qwen2)
+        self.q_norm = None if q_norm is None else q_norm.to(dtype)
+        self.k_norm = None if k_norm is None else k_norm.to(dtype)
         m = f"{prefix}.mlp"
         gate, up = w[f"{m}.gate_proj.weight"].to(dtype), w[f"{m}.up_proj.weight"].to(dtype)
         self.gate_up = Linear(torch.cat([gate, up]), None)
@@ -256,6 +261,8 @@ class Qwen2Target:
         q = q.view(b, n, d.heads, d.head_dim).transpose(1, 2)  # [B, H, n, D]
         k = k.view(b, n, d.kv_heads, d.head_dim).transpose(1, 2)  # [B, H_kv, n, D]
         v = v.view(b, n, d.kv_heads, d.head_dim).transpose(1, 2)
+        if blk.q_norm is not None:  # Qwen3: over each head's width, before RoPE
+            q, k = rms_norm(q, blk.q_norm, d.rms_eps), rms_norm(k, blk.k_norm, d.rms_eps)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         k_all, v_all = cache.update(i, k, v)  # [B, H_kv, T, D]

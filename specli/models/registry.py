@@ -45,6 +45,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("qwen2-audio", "transcribe", "specli.presets.audio_llm:AudioLLMPreset",
            "specli.models.qwen2_audio.loader:load_qwen2_audio", claims="specli.models.qwen2_audio.loader:claims",
            default_preset="qwen2-audio-ar"),
+    Family("qwen3-asr", "transcribe", "specli.presets.audio_llm:AudioLLMPreset",
+           "specli.models.qwen3_asr.loader:load_qwen3_asr", claims="specli.models.qwen3_asr.loader:claims",
+           default_preset="qwen3-asr-ar"),
 )}
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from specli.core.device import resolve_device, resolve_dtype
 from specli.core.job import DecodeJob
 from specli.errors import ModelLoadError, UsageError
 from specli.io.audio import HOP_LENGTH, N_FFT, SAMPLE_RATE, window_features
+from specli.models.audio_lm import SuppressRule, claims_dir, missing_files, read_config, resolve_dir
 from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 from specli.models.qwen2_audio.target import N_FRAMES, Qwen2AudioTarget, audio_positions
 from specli.models.qwen2_audio.text import Qwen2AudioText, default_instruction
@@ -32,61 +32,15 @@ NAMES = {"qwen2-audio": "Qwen/Qwen2-Audio-7B-Instruct", "qwen2-audio-instruct": 
          "qwen2-audio-base": "Qwen/Qwen2-Audio-7B"}
 
 
-def _config(path: Path) -> dict | None:
-    try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def claims(name_or_dir: str) -> bool:
     """Whether ``name_or_dir`` names a Qwen2-Audio model (a short name, a hub id, or a directory whose
     ``config.json`` says ``qwen2_audio``), known without loading it."""
-    if name_or_dir in NAMES or "qwen2-audio" in name_or_dir.lower():
-        return True
-    models = os.environ.get("SPECLI_MODELS_DIR")
-    for path in (Path(name_or_dir).expanduser(), *([Path(models) / name_or_dir] if models else [])):
-        cfg = _config(path) if path.is_dir() else None
-        if cfg is not None and cfg.get("model_type") == MODEL_TYPE:
-            return True
-    return False
+    return claims_dir(name_or_dir, NAMES, "qwen2-audio", MODEL_TYPE)
 
 
 def resolve(name_or_dir: str) -> Path:
     """The model directory: a path, ``$SPECLI_MODELS_DIR/<name>``, or a cached hub snapshot (never downloaded)."""
-    path = Path(name_or_dir).expanduser()
-    if path.is_dir():
-        return path
-    models = os.environ.get("SPECLI_MODELS_DIR")
-    if models and (Path(models) / name_or_dir).is_dir():
-        return Path(models) / name_or_dir
-    repo = NAMES.get(name_or_dir, name_or_dir)
-    if repo.count("/") == 1 and not repo.startswith((".", "/", "~")):
-        from huggingface_hub import snapshot_download  # noqa: PLC0415 (not a specli module)
-
-        try:
-            return Path(snapshot_download(repo, local_files_only=True))
-        except (OSError, ValueError):
-            pass
-    where = f"$SPECLI_MODELS_DIR/{name_or_dir}" if models else "$SPECLI_MODELS_DIR (not set)"
-    raise ModelLoadError(f"Qwen2-Audio model {name_or_dir!r} not found: not a directory, not under {where}, and "
-                         f"{repo!r} is not in the local Hugging Face cache (specli never downloads)")
-
-
-def missing_files(path: Path) -> list[str]:
-    """The files a Qwen2-Audio directory lacks (config, weights and the shards its index names, tokenizer,
-    feature extractor)."""
-    needed = ("config.json", "preprocessor_config.json", "tokenizer_config.json")
-    missing = [n for n in needed if not (path / n).is_file()]
-    if not (path / "tokenizer.json").is_file() and not (path / "vocab.json").is_file():
-        missing.append("tokenizer.json (or vocab.json + merges.txt)")
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
-        missing += [s for s in shards if not (path / s).is_file()]
-    elif not any(path.glob("*.safetensors")):
-        missing.append("model.safetensors")
-    return missing
+    return resolve_dir(name_or_dir, NAMES, "Qwen2-Audio")
 
 
 def _check_features(path: Path, n_mels: int) -> None:
@@ -98,18 +52,6 @@ def _check_features(path: Path, n_mels: int) -> None:
     bad = {k: cfg.get(k) for k, v in want.items() if cfg.get(k, v) != v}
     if cfg.get("feature_extractor_type", "WhisperFeatureExtractor") != "WhisperFeatureExtractor" or bad:
         raise ModelLoadError(f"{path / 'preprocessor_config.json'}: not Whisper's log-mel features {want} ({bad})")
-
-
-@dataclass(frozen=True)
-class SuppressRule:
-    """Logit rule: ``ids`` are never emitted."""
-
-    ids: tuple[int, ...]
-
-    def __call__(self, logits: torch.Tensor, prefixes) -> torch.Tensor:
-        out = logits.clone()
-        out[..., list(self.ids)] = float("-inf")
-        return out
 
 
 @dataclass(frozen=True)
@@ -182,7 +124,7 @@ def load_qwen2_audio(name_or_dir: str, dtype: str = "float32", compile_encoder: 
     missing = missing_files(path)
     if missing:
         raise ModelLoadError(f"{path}: not a complete Qwen2-Audio directory, missing {', '.join(missing)}")
-    if (_config(path) or {}).get("model_type") != MODEL_TYPE:
+    if (read_config(path) or {}).get("model_type") != MODEL_TYPE:
         raise ModelLoadError(f"{path / 'config.json'}: model_type is not {MODEL_TYPE!r}")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)

@@ -3,7 +3,6 @@ documented ASR / translation instructions."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from transformers import AutoTokenizer
 
 from specli.errors import ModelLoadError
+from specli.models.audio_lm import read_chat_template
 
 AUDIO, AUDIO_BOS, AUDIO_EOS = "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -24,19 +24,6 @@ def default_instruction(task: str, language: str | None) -> str:
     if task == "translate":
         return f"Detect the language and translate the speech into English:{tag}"
     return f"Detect the language and recognize the speech:{tag}"
-
-
-def read_chat_template(path: Path) -> str | None:
-    """The model's chat template: ``chat_template.jinja``, ``chat_template.json`` or ``tokenizer_config.json``
-    (None: a base model, prompted with the raw audio markers and the instruction)."""
-    if (path / "chat_template.jinja").is_file():
-        return (path / "chat_template.jinja").read_text()
-    for name in ("chat_template.json", "tokenizer_config.json"):
-        if (path / name).is_file():
-            template = json.loads((path / name).read_text()).get("chat_template")
-            if isinstance(template, str):
-                return template
-    return None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,209 @@
+"""What audio-LLM targets share: a window's audio embeddings spliced into a lean decoder's prompt, and how
+their models are found offline.
+
+:class:`AudioLMTarget` holds a family's audio tower + projector (transformers modules; the family's
+:meth:`~AudioLMTarget.encode` runs them on one window's log-mel) and the lean static-cache decoder over its
+language model (:class:`~specli.models.qwen2.Qwen2Target`). The decode prompt holds the chat template's tokens
+with the audio placeholder expanded to the window's ``N`` audio positions. A forward that starts at position 0
+(a prompt's prefill) takes the window's audio embeddings in place of its placeholders, in order (the k-th
+placeholder gets audio row k), exactly where transformers' ``masked_scatter`` puts them; every later forward
+embeds tokens plainly, as transformers' decode steps do. So the state (cache + the window's audio rows) meets
+the whole target contract: chains and trees, crop / compact, batch rows (the audio rows are a row's context),
+beam rows, aux hidden states.
+
+Models are local Hugging Face directories: a path, a name under ``$SPECLI_MODELS_DIR``, or a hub id / short
+name already in the local Hugging Face cache. Nothing is downloaded; missing files are a
+:class:`ModelLoadError` (exit 3) naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specli.core.kv_cache import KVCache, RaggedKVCache
+from specli.core.types import ScoreOutput
+from specli.errors import ModelLoadError
+from specli.models.qwen2 import Qwen2Target
+
+PROMPT_ROOM = 512  # cache positions a window's prompt and text have besides its audio rows
+
+
+@dataclass(frozen=True)
+class AudioLMState:
+    """A window's decoder state: the self-attention cache and the window's audio embeddings."""
+
+    cache: KVCache | RaggedKVCache  # a batch state (start_batch) holds one row per slot
+    audio: torch.Tensor  # [B, A, hidden] projected audio embeddings (rows past a window's N are unused)
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+
+class AudioLMTarget:
+    """Audio tower + projector (transformers modules, run by the family's :meth:`encode`) and the lean decoder
+    (``lm``)."""
+
+    def __init__(self, tower: torch.nn.Module, projector: torch.nn.Module, lm: Qwen2Target, audio_token: int,
+                 audio_ctx: int, prompt_room: int = PROMPT_ROOM) -> None:
+        self.tower, self.projector, self.lm = tower.eval(), projector.eval(), lm
+        self.audio_token = audio_token
+        self.dims, self.dtype, self.device = lm.dims, lm.dtype, lm.device
+        self.audio_ctx = audio_ctx  # audio embeddings of a full window
+        self.max_len = audio_ctx + prompt_room
+        self.compiled_encoder = None  # the tower runs eagerly
+
+    def encode(self, mel: torch.Tensor, frames: Sequence[int] | None = None) -> torch.Tensor:
+        """``mel [B, n_mels, frames]`` with ``frames[b]`` real frames -> audio embeddings ``[B, A, hidden]``
+        (a family's tower and projector; rows past a window's own count are unused)."""
+        raise NotImplementedError
+
+    def start(self, audio: torch.Tensor, max_len: int | None = None, features: torch.Tensor | None = None
+              ) -> AudioLMState:
+        """A new window state: an empty cache and the window's audio embeddings ``[1, A, hidden]``."""
+        d = self.dims
+        audio = audio.to(self.device, self.dtype)
+        cache = KVCache(d.layers, audio.shape[0], d.kv_heads, max_len or self.max_len, d.head_dim, self.dtype,
+                        self.device)
+        return AudioLMState(cache, audio)
+
+    def widen(self, state: AudioLMState, rows: int) -> AudioLMState:
+        """Beam search's ``rows``-row state of a one-row state (the audio rows broadcast)."""
+        return AudioLMState(state.cache.widened(rows), state.audio.expand(rows, -1, -1))
+
+    # ---- the batch contract (core/batched.py): slots of one preallocated state, rows [0, B) score
+    def start_batch(self, capacity: int, max_len: int | None = None, spare: int = 0) -> AudioLMState:
+        """An empty state of ``capacity`` slots (``max_len`` positions a row, + ``spare`` padding slots)."""
+        d = self.dims
+        cache = RaggedKVCache(d.layers, capacity, d.kv_heads, max_len or self.max_len, d.head_dim, spare,
+                              self.dtype, self.device)
+        audio = torch.zeros(capacity, self.audio_ctx, d.hidden, dtype=self.dtype, device=self.device)
+        return AudioLMState(cache, audio)
+
+    def admit(self, state: AudioLMState, slot: int, context: torch.Tensor) -> None:
+        """Slot ``slot`` starts a new window: its audio embeddings ``[1, A, hidden]``; empty cache."""
+        audio = context.to(self.device, self.dtype)
+        if audio.shape[1:] != state.audio.shape[1:]:
+            raise ValueError(f"audio embeddings {tuple(audio.shape)} do not fit {tuple(state.audio.shape)}")
+        state.audio[slot] = audio[0]
+        state.cache.set_length(slot, 0)
+
+    def row_state(self, state: AudioLMState, slot: int, context: object = None) -> AudioLMState:
+        """Slot ``slot`` as a batch-1 state over the same memory."""
+        return AudioLMState(state.cache.row(slot), state.audio[slot : slot + 1])
+
+    def move(self, state: AudioLMState, src: int, dst: int) -> None:
+        """Copy slot ``src`` into slot ``dst``."""
+        state.audio[dst] = state.audio[src]
+        state.cache.move(src, dst)
+
+    @torch.inference_mode()
+    def score(self, state: AudioLMState, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+              tree_mask: torch.Tensor | None = None) -> ScoreOutput:
+        """One decoder forward over a chain or tree (the :class:`~specli.models.qwen2.Qwen2Target` contract);
+        rows starting at position 0 take the audio embeddings at their audio placeholders."""
+        tokens = tokens.to(self.device)
+        b, n = tokens.shape
+        if positions is None:
+            positions = state.cache.positions(b, n, self.device)
+        positions = positions.to(self.device)
+        embeds = self.lm.embed(tokens)
+        audio = (tokens == self.audio_token) & (positions[:, :1] == 0)  # [B, n]: a prompt's placeholders
+        if bool(audio.any()):
+            index = audio.long().cumsum(1) - 1  # k-th placeholder of its row -> audio row k
+            if int(index.max()) >= state.audio.shape[1]:
+                raise ValueError(f"more audio placeholders than the window's {state.audio.shape[1]} audio rows")
+            rows = torch.arange(b, device=self.device)[:, None].expand(b, n)
+            embeds = embeds.clone()
+            embeds[audio] = state.audio[rows[audio], index[audio]].to(embeds.dtype)
+        return self.lm.score(state, None, positions, tree_mask, embeds=embeds)
+
+
+@dataclass(frozen=True)
+class SuppressRule:
+    """Logit rule: ``ids`` are never emitted."""
+
+    ids: tuple[int, ...]
+
+    def __call__(self, logits: torch.Tensor, prefixes) -> torch.Tensor:
+        out = logits.clone()
+        out[..., list(self.ids)] = float("-inf")
+        return out
+
+
+def read_config(path: Path) -> dict | None:
+    """A directory's ``config.json`` (None: absent or unreadable)."""
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def claims_dir(name_or_dir: str, names: dict[str, str], marker: str, model_type: str) -> bool:
+    """Whether ``name_or_dir`` names a family's model: a short name in ``names``, a name containing ``marker``,
+    or a directory (as given or under ``$SPECLI_MODELS_DIR``) whose ``config.json`` says ``model_type``."""
+    if name_or_dir in names or marker in name_or_dir.lower():
+        return True
+    models = os.environ.get("SPECLI_MODELS_DIR")
+    for path in (Path(name_or_dir).expanduser(), *([Path(models) / name_or_dir] if models else [])):
+        cfg = read_config(path) if path.is_dir() else None
+        if cfg is not None and cfg.get("model_type") == model_type:
+            return True
+    return False
+
+
+def resolve_dir(name_or_dir: str, names: dict[str, str], label: str) -> Path:
+    """The model directory: a path, ``$SPECLI_MODELS_DIR/<name>``, or a cached hub snapshot of ``names``' hub id
+    (never downloaded); ``label`` names the family in the error."""
+    path = Path(name_or_dir).expanduser()
+    if path.is_dir():
+        return path
+    models = os.environ.get("SPECLI_MODELS_DIR")
+    if models and (Path(models) / name_or_dir).is_dir():
+        return Path(models) / name_or_dir
+    repo = names.get(name_or_dir, name_or_dir)
+    if repo.count("/") == 1 and not repo.startswith((".", "/", "~")):
+        from huggingface_hub import snapshot_download  # noqa: PLC0415 (not a specli module)
+
+        try:
+            return Path(snapshot_download(repo, local_files_only=True))
+        except (OSError, ValueError):
+            pass
+    where = f"$SPECLI_MODELS_DIR/{name_or_dir}" if models else "$SPECLI_MODELS_DIR (not set)"
+    raise ModelLoadError(f"{label} model {name_or_dir!r} not found: not a directory, not under {where}, and "
+                         f"{repo!r} is not in the local Hugging Face cache (specli never downloads)")
+
+
+def missing_files(path: Path) -> list[str]:
+    """The files a model directory lacks (config, weights and the shards its index names, tokenizer,
+    feature extractor)."""
+    needed = ("config.json", "preprocessor_config.json", "tokenizer_config.json")
+    missing = [n for n in needed if not (path / n).is_file()]
+    if not (path / "tokenizer.json").is_file() and not (path / "vocab.json").is_file():
+        missing.append("tokenizer.json (or vocab.json + merges.txt)")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        missing += [s for s in shards if not (path / s).is_file()]
+    elif not any(path.glob("*.safetensors")):
+        missing.append("model.safetensors")
+    return missing
+
+
+def read_chat_template(path: Path) -> str | None:
+    """The model's chat template: ``chat_template.jinja``, ``chat_template.json`` or ``tokenizer_config.json``
+    (None: none, e.g. a base model)."""
+    if (path / "chat_template.jinja").is_file():
+        return (path / "chat_template.jinja").read_text()
+    for name in ("chat_template.json", "tokenizer_config.json"):
+        if (path / name).is_file():
+            template = json.loads((path / name).read_text()).get("chat_template")
+            if isinstance(template, str):
+                return template
+    return None

@@ -25,7 +25,7 @@ from specli.core.logits import SamplingParams
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.errors import ModelLoadError, UsageError
 from specli.models.qwen3_asr.loader import load_qwen3_asr
-from specli.models.qwen3_asr.target import audio_positions
+from specli.models.aut import audio_positions
 from specli.models.speech import WindowPrompt
 
 

@@ -39,9 +39,9 @@ OPTIONS = [
     click.argument("inputs", nargs=-1, required=True),
     click.option("--preset", default=DEFAULT_PRESET, show_default=True, help="Preset name or TOML file."),
     click.option("--model", help="Override the preset's model: bundled name, HF id/dir, CTranslate2 dir."),
-    click.option("--instruction", help="Audio-LLM models: qwen2-audio's instruction put after the audio (default: "
-                 "its documented ASR / translation instruction, with the --language tag); qwen3-asr's context "
-                 "(system turn: hotwords, domain words; default none)."),
+    click.option("--instruction", help="Audio-LLM models: the instruction put after the audio for qwen2-audio / "
+                 "qwen3-omni (default: the model's documented ASR / translation instruction, naming the "
+                 "--language); qwen3-asr's context (system turn: hotwords, domain words; default none)."),
     click.option("--language", help="Language code or name (fr, French, castilian); omit to detect it per file."),
     click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path(".")),
     click.option("--output-format", "-f", type=click.Choice([*FORMATS, "all"]), default="txt", show_default=True),

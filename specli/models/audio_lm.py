@@ -23,23 +23,28 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from specli.core.job import DecodeJob
 from specli.core.kv_cache import KVCache, RaggedKVCache
 from specli.core.types import ScoreOutput
-from specli.errors import ModelLoadError
+from specli.errors import ModelLoadError, UsageError
 from specli.models.qwen2 import Qwen2Target
+from specli.models.speech import WindowPrompt
 
 PROMPT_ROOM = 512  # cache positions a window's prompt and text have besides its audio rows
 
 
 @dataclass(frozen=True)
 class AudioLMState:
-    """A window's decoder state: the self-attention cache and the window's audio embeddings."""
+    """A window's decoder state: the self-attention cache, the window's audio embeddings, and each row's RoPE
+    offset."""
 
     cache: KVCache | RaggedKVCache  # a batch state (start_batch) holds one row per slot
     audio: torch.Tensor  # [B, A, hidden] projected audio embeddings (rows past a window's N are unused)
+    rope_delta: torch.Tensor  # [B] long: RoPE position = cache position + delta (set at each row's prefill)
 
     @property
     def length(self) -> int:
@@ -71,11 +76,12 @@ class AudioLMTarget:
         audio = audio.to(self.device, self.dtype)
         cache = KVCache(d.layers, audio.shape[0], d.kv_heads, max_len or self.max_len, d.head_dim, self.dtype,
                         self.device)
-        return AudioLMState(cache, audio)
+        return AudioLMState(cache, audio, self._deltas(audio.shape[0]))
 
     def widen(self, state: AudioLMState, rows: int) -> AudioLMState:
         """Beam search's ``rows``-row state of a one-row state (the audio rows broadcast)."""
-        return AudioLMState(state.cache.widened(rows), state.audio.expand(rows, -1, -1))
+        return AudioLMState(state.cache.widened(rows), state.audio.expand(rows, -1, -1),
+                            state.rope_delta.repeat(rows // state.rope_delta.shape[0]))
 
     # ---- the batch contract (core/batched.py): slots of one preallocated state, rows [0, B) score
     def start_batch(self, capacity: int, max_len: int | None = None, spare: int = 0) -> AudioLMState:
@@ -84,7 +90,7 @@ class AudioLMTarget:
         cache = RaggedKVCache(d.layers, capacity, d.kv_heads, max_len or self.max_len, d.head_dim, spare,
                               self.dtype, self.device)
         audio = torch.zeros(capacity, self.audio_ctx, d.hidden, dtype=self.dtype, device=self.device)
-        return AudioLMState(cache, audio)
+        return AudioLMState(cache, audio, self._deltas(capacity))
 
     def admit(self, state: AudioLMState, slot: int, context: torch.Tensor) -> None:
         """Slot ``slot`` starts a new window: its audio embeddings ``[1, A, hidden]``; empty cache."""
@@ -92,22 +98,25 @@ class AudioLMTarget:
         if audio.shape[1:] != state.audio.shape[1:]:
             raise ValueError(f"audio embeddings {tuple(audio.shape)} do not fit {tuple(state.audio.shape)}")
         state.audio[slot] = audio[0]
+        state.rope_delta[slot] = 0
         state.cache.set_length(slot, 0)
 
     def row_state(self, state: AudioLMState, slot: int, context: object = None) -> AudioLMState:
         """Slot ``slot`` as a batch-1 state over the same memory."""
-        return AudioLMState(state.cache.row(slot), state.audio[slot : slot + 1])
+        return AudioLMState(state.cache.row(slot), state.audio[slot : slot + 1], state.rope_delta[slot : slot + 1])
 
     def move(self, state: AudioLMState, src: int, dst: int) -> None:
         """Copy slot ``src`` into slot ``dst``."""
         state.audio[dst] = state.audio[src]
+        state.rope_delta[dst] = state.rope_delta[src]
         state.cache.move(src, dst)
 
     @torch.inference_mode()
     def score(self, state: AudioLMState, tokens: torch.Tensor, positions: torch.Tensor | None = None,
               tree_mask: torch.Tensor | None = None) -> ScoreOutput:
         """One decoder forward over a chain or tree (the :class:`~specli.models.qwen2.Qwen2Target` contract);
-        rows starting at position 0 take the audio embeddings at their audio placeholders."""
+        rows starting at position 0 (a prompt's prefill) take the audio embeddings at their audio placeholders
+        and set their RoPE offset (:meth:`prompt_rope_delta`); every row's RoPE runs at position + offset."""
         tokens = tokens.to(self.device)
         b, n = tokens.shape
         if positions is None:
@@ -122,7 +131,17 @@ class AudioLMTarget:
             rows = torch.arange(b, device=self.device)[:, None].expand(b, n)
             embeds = embeds.clone()
             embeds[audio] = state.audio[rows[audio], index[audio]].to(embeds.dtype)
-        return self.lm.score(state, None, positions, tree_mask, embeds=embeds)
+        for row in (positions[:, 0] == 0).nonzero()[:, 0].tolist():
+            state.rope_delta[row] = self.prompt_rope_delta(tokens[row])
+        return self.lm.score(state, None, positions + state.rope_delta[:b, None], tree_mask, embeds=embeds)
+
+    def prompt_rope_delta(self, prompt: torch.Tensor) -> int:
+        """The RoPE offset of the text after ``prompt [n]`` (its prefill's ids): 0 for a family with 1-D RoPE;
+        an M-RoPE family derives it from its 3-D prompt positions (and checks that 1-D RoPE is exact there)."""
+        return 0
+
+    def _deltas(self, rows: int) -> torch.Tensor:
+        return torch.zeros(rows, dtype=torch.long, device=self.device)
 
 
 @dataclass(frozen=True)
@@ -135,6 +154,43 @@ class SuppressRule:
         out = logits.clone()
         out[..., list(self.ids)] = float("-inf")
         return out
+
+
+@dataclass(frozen=True)
+class AudioLMHooks:
+    """An audio LLM's part of the window loop (:class:`specli.models.speech.SpeechHooks`), less its features and
+    prompt: no timestamp tokens (a window is one segment spanning it), no language detection from the encoder
+    (the language is given, or the model handles it in text), the chat turn's end as the stop token."""
+
+    model: Any  # the loaded model: .target (an AudioLMTarget), .tokenizer (.eot)
+    word_timestamps: bool = False
+
+    @property
+    def eot(self) -> int:
+        return self.model.tokenizer.eot
+
+    @property
+    def timestamp_begin(self) -> int:
+        return self.model.target.dims.vocab  # no timestamp tokens
+
+    def language(self, given: str | None) -> str | None:
+        return given
+
+    def detect_language(self, state: object) -> None:
+        return None
+
+    def window_prompt(self, p: WindowPrompt) -> list[int]:
+        """The family's prompt ids of one window (its audio placeholders expanded)."""
+        raise NotImplementedError
+
+    def window_job(self, p: WindowPrompt) -> DecodeJob:
+        prompt = self.window_prompt(p)
+        room = self.model.target.max_len - len(prompt)
+        if room < 1:
+            raise UsageError(f"the instruction leaves no room to decode ({len(prompt)} prompt tokens)")
+        ids = tuple(t for t in p.suppress_tokens if t >= 0)
+        return DecodeJob(tuple(prompt), SuppressRule(ids) if ids else None, self.eot, min(p.max_new_tokens, room),
+                         generator=p.generator)
 
 
 def read_config(path: Path) -> dict | None:

@@ -1,8 +1,9 @@
-"""Lean Qwen2 / Qwen3 decoder target built for draft-and-verify (same contract as the Whisper target).
+"""Lean Qwen2 / Qwen3 (/ Qwen3-MoE) decoder target built for draft-and-verify (same contract as the Whisper
+target).
 
 A decoder-only transformer (GQA attention with q/k/v biases (Qwen2) or per-head q/k RMSNorm and an explicit
-``head_dim`` (Qwen3), RoPE, RMSNorm, SwiGLU MLP) over a
-preallocated, position-indexed :class:`~specli.core.kv_cache.KVCache`. One
+``head_dim`` (Qwen3), RoPE, RMSNorm, SwiGLU MLP or a sparse mixture of experts (:mod:`specli.models.moe`))
+over a preallocated, position-indexed :class:`~specli.core.kv_cache.KVCache`. One
 :meth:`Qwen2Target.score` forward takes a chain or a tree of tokens (explicit positions and tree
 mask), given as token ids or directly as input embeddings (CosyVoice feeds embeddings built from
 several tables), and returns float32 logits plus hidden states.
@@ -32,7 +33,16 @@ import torch.nn.functional as F
 
 from specli.core.kv_cache import KVCache, RaggedKVCache
 from specli.models.layers import Linear
+from specli.models.moe import MoE
 from specli.core.types import HiddenStates, ScoreOutput
+
+
+@dataclass(frozen=True)
+class MoEDims:
+    """Routing of sparse MoE blocks (transformers' ``TopKRouter``)."""
+
+    top_k: int  # experts per token (num_experts_per_tok)
+    norm_topk_prob: bool  # the top-k probabilities renormalised to sum to one
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,7 @@ class Qwen2Dims:
     rms_eps: float  # RMSNorm epsilon
     max_positions: int  # longest sequence the config allows
     tie_embeddings: bool  # the LM head shares the token embedding
+    moe: MoEDims = MoEDims(0, True)  # sparse MoE blocks' routing (Qwen3-MoE / Omni thinker; dense: unused)
 
     def __post_init__(self) -> None:
         if self.heads % self.kv_heads:
@@ -72,6 +83,7 @@ class Qwen2Dims:
             rms_eps=cfg.get("rms_norm_eps", 1e-6),
             max_positions=cfg.get("max_position_embeddings", 32768),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            moe=MoEDims(cfg.get("num_experts_per_tok") or 0, bool(cfg.get("norm_topk_prob", True))),
         )
 
 
@@ -102,8 +114,10 @@ class _Block:
     """One pre-norm Qwen2 / Qwen3 block: fused q/k/v, (Qwen3: RMSNorm of each q and k head), output projection,
     fused gate/up, down."""
 
-    def __init__(self, w: dict, prefix: str, dtype: torch.dtype) -> None:
+    def __init__(self, w: dict, prefix: str, dtype: torch.dtype, moe: MoEDims) -> None:
         a = f"{prefix}.self_attn"
+        self.ln1 = w[f"{prefix}.input_layernorm.weight"].to(dtype)
+        self.ln2 = w[f"{prefix}.post_attention_layernorm.weight"].to(dtype)
         parts = [w[f"{a}.{n}_proj.weight"].to(dtype) for n in ("q", "k", "v")]
         biases = [w.get(f"{a}.{n}_proj.bias") for n in ("q", "k", "v")]
         bias = None if any(b is None for b in biases) else torch.cat(biases).to(dtype)
@@ -114,14 +128,18 @@ class _Block:
         self.q_norm = None if q_norm is None else q_norm.to(dtype)
         self.k_norm = None if k_norm is None else k_norm.to(dtype)
         m = f"{prefix}.mlp"
+        self.moe = None  # a sparse MoE block (its router's weight present) instead of the dense MLP
+        if f"{m}.gate.weight" in w:
+            self.moe = MoE(w, m, dtype, moe.top_k, moe.norm_topk_prob)
+            return
         gate, up = w[f"{m}.gate_proj.weight"].to(dtype), w[f"{m}.up_proj.weight"].to(dtype)
         self.gate_up = Linear(torch.cat([gate, up]), None)
         self.width = gate.shape[0]
         self.down = Linear.from_weights(w, f"{m}.down_proj", dtype)
-        self.ln1 = w[f"{prefix}.input_layernorm.weight"].to(dtype)
-        self.ln2 = w[f"{prefix}.post_attention_layernorm.weight"].to(dtype)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if self.moe is not None:
+            return self.moe(x)
         gate, up = self.gate_up(x).split([self.width, self.width], dim=-1)
         return self.down(F.silu(gate) * up)
 
@@ -155,7 +173,7 @@ class Qwen2Target:
             raise ValueError(f"aux layers {list(aux_layers)} outside 0..{dims.layers}")
         self.aux_layers = tuple(aux_layers)  # layer ids (0 = embeddings, i = output of block i - 1)
         self.embed_tokens = weights[f"{prefix}embed_tokens.weight"].to(dtype)  # [vocab, hidden]
-        self.blocks = [_Block(weights, f"{prefix}layers.{i}", dtype) for i in range(dims.layers)]
+        self.blocks = [_Block(weights, f"{prefix}layers.{i}", dtype, dims.moe) for i in range(dims.layers)]
         self.norm = weights[f"{prefix}norm.weight"].to(dtype)
         if head is None:
             w = weights.get("lm_head.weight", self.embed_tokens if dims.tie_embeddings else None)

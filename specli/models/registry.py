@@ -48,6 +48,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("qwen3-asr", "transcribe", "specli.presets.audio_llm:AudioLLMPreset",
            "specli.models.qwen3_asr.loader:load_qwen3_asr", claims="specli.models.qwen3_asr.loader:claims",
            default_preset="qwen3-asr-ar"),
+    Family("qwen3-omni", "transcribe", "specli.presets.audio_llm:AudioLLMPreset",
+           "specli.models.qwen3_omni.loader:load_qwen3_omni", claims="specli.models.qwen3_omni.loader:claims",
+           default_preset="qwen3-omni-ar"),
 )}
 
 

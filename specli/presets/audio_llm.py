@@ -1,5 +1,6 @@
-"""Presets of audio-LLM transcription targets (families ``qwen2-audio``, ``qwen3-asr``): the transcription
-preset's fields, with the drafters these targets take so far (none, or the model-neutral n-gram pool)."""
+"""Presets of audio-LLM transcription targets (families ``qwen2-audio``, ``qwen3-asr``, ``qwen3-omni``): the
+transcription preset's fields, with the drafters these targets take so far (none, or the model-neutral n-gram
+pool)."""
 
 from __future__ import annotations
 

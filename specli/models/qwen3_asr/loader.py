@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from specli.core.device import resolve_device, resolve_dtype
-from specli.core.job import DecodeJob
 from specli.errors import ModelLoadError, UsageError
 from specli.io.audio import HOP_LENGTH, SAMPLE_RATE
-from specli.models.audio_lm import SuppressRule, claims_dir, missing_files, read_config, resolve_dir
+from specli.models.audio_lm import AudioLMHooks, claims_dir, missing_files, read_config, resolve_dir
+from specli.models.aut import N_FRAMES, audio_positions, processor_features
 from specli.models.qwen2 import Qwen2Dims, Qwen2Target
-from specli.models.qwen3_asr.target import N_FRAMES, Qwen3ASRTarget, audio_positions
+from specli.models.qwen3_asr.target import Qwen3ASRTarget
 from specli.models.qwen3_asr.text import Qwen3ASRText, language_name
 from specli.models.speech import WindowPrompt
 
@@ -72,50 +72,23 @@ class Qwen3ASRModel:
 
 
 @dataclass(frozen=True)
-class Qwen3ASRHooks:
-    """Qwen3-ASR's part of the window loop (:class:`specli.models.speech.SpeechHooks`): no timestamp tokens
-    (a window is one segment spanning it); the language is forced in the prompt when given, else the model
+class Qwen3ASRHooks(AudioLMHooks):
+    """Qwen3-ASR's part of the window loop: the language is forced in the prompt when given, else the model
     names it in its own output (dropped from the text); the instruction is the system turn's context."""
 
-    model: Qwen3ASRModel
-    word_timestamps: bool = False
-
-    @property
-    def eot(self) -> int:
-        return self.model.tokenizer.eot
-
-    @property
-    def timestamp_begin(self) -> int:
-        return self.model.target.dims.vocab  # no timestamp tokens
-
     def features(self, audio: np.ndarray) -> tuple[torch.Tensor, int]:
-        """The processor's log-mel of the window alone (``padding=True``: clips under 0.5 s zero-padded, the
-        mel padded to whole chunks), zero-padded to ``[1, n_mels, 3000]``, and its real frames."""
-        out = self.model.feature_extractor(np.asarray(audio, dtype=np.float32), sampling_rate=SAMPLE_RATE,
-                                           padding=True, return_attention_mask=True, return_tensors="pt")
-        mel, frames = out["input_features"].float(), int(out["attention_mask"].sum())
-        return torch.nn.functional.pad(mel, (0, N_FRAMES - mel.shape[2])), min(frames, N_FRAMES)
-
-    def language(self, given: str | None) -> str | None:
-        return given
-
-    def detect_language(self, state: object) -> None:
-        return None
+        """The processor's log-mel of the window alone (clips under 0.5 s zero-padded, the mel padded to whole
+        chunks), zero-padded to ``[1, n_mels, 3000]``, and its real frames."""
+        return processor_features(self.model.feature_extractor, audio)
 
     def check_support(self, model: str, task: str, language: str | None) -> None:
         if task != "transcribe":
             raise UsageError(f"model {model!r} (Qwen3-ASR) only transcribes; it cannot {task}")
         language_name(language)
 
-    def window_job(self, p: WindowPrompt) -> DecodeJob:
-        tok, target = self.model.tokenizer, self.model.target
-        prompt = tok.prompt(p.instruction, p.language, max(1, audio_positions(p.frames, target.n_window)))
-        room = target.max_len - len(prompt)
-        if room < 1:
-            raise UsageError(f"the instruction leaves no room to decode ({len(prompt)} prompt tokens)")
-        ids = tuple(t for t in p.suppress_tokens if t >= 0)
-        return DecodeJob(tuple(prompt), SuppressRule(ids) if ids else None, tok.eot, min(p.max_new_tokens, room),
-                         generator=p.generator)
+    def window_prompt(self, p: WindowPrompt) -> list[int]:
+        n_audio = max(1, audio_positions(p.frames, self.model.target.n_window))
+        return self.model.tokenizer.prompt(p.instruction, p.language, n_audio)
 
 
 def load_qwen3_asr(name_or_dir: str, dtype: str = "float32", compile_encoder: bool = False,

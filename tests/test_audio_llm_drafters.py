@@ -223,3 +223,40 @@ def test_presets_load_their_drafter_from_the_models_dir(models, dirs, family, ki
     assert engine.model.target.lm.aux_layers == module.config.target_layers()
     direct = load_drafter(str(tmp_path / f"{family}-{kind}"), engine.model.target, kind=kind)
     assert torch.equal(direct.module.fc.weight, module.fc.weight)
+
+
+def test_a_zlab_dflash_checkpoint_loads_through_the_omni_preset(models, dirs, tmp_path, monkeypatch):
+    """z-lab / SpecForge DFlash (``DFlashDraftModel``, ``dflash_config.target_layer_ids`` as layer outputs, no
+    head or vocabulary maps: the target's) drafts for the Omni thinker through qwen3-omni-dflash, losslessly."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from specli.asr.strategies import load_engine
+    from specli.presets import load_preset
+
+    module = random_drafter(models["qwen3-omni"], "dflash", seed=7)
+    save_speculators(module, tmp_path / "native")
+    w = {k: v for k, v in load_file(str(tmp_path / "native" / "model.safetensors")).items()
+         if k not in ("d2t", "t2d", "lm_head.weight")}
+    out = tmp_path / "qwen3-omni-dflash"
+    out.mkdir()
+    save_file(w, str(out / "model.safetensors"))
+    c = module.config
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": c.hidden,
+        "num_hidden_layers": c.layers, "num_attention_heads": c.heads, "num_key_value_heads": c.kv_heads,
+        "head_dim": c.head_dim, "intermediate_size": c.intermediate, "rms_norm_eps": c.rms_eps,
+        "rope_theta": c.rope_theta, "vocab_size": c.target_vocab,
+        "dflash_config": {"block_size": c.block_size, "mask_token_id": c.mask_token_id,
+                          "target_layer_ids": list(c.aux_layers)}}))
+    monkeypatch.setenv("SPECLI_MODELS_DIR", str(tmp_path))
+    engine = load_engine(load_preset("qwen3-omni-dflash"), model=str(dirs["qwen3-omni"]))
+    drafter = engine.decode.drafter
+    assert drafter.module.config.aux_convention == "output" and drafter.module.config.aux_layers == c.aux_layers
+    model = engine.model
+    job, state, _mel, _frames = _window(model, _clip(1, 2.5), max_new=30, language=None)
+    ref = greedy_decode(model.target, state, job)
+    state.cache.crop(0)
+    out_ = speculative_decode(model.target, state, job, drafter, SpecOptions(max_draft=7))
+    assert out_.tokens == ref.tokens and out_.stats.drafted >= 1

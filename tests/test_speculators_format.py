@@ -22,7 +22,7 @@ from specli.core.drafters.llm.dspark import new_dspark
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, new_eagle3
 from specli.core.drafters.llm.base import attach_aux_layers, target_parts
 from specli.core.drafters.llm.speculators import load_speech_drafter, save_speculators
-from specli.tts.drafting import resolve_drafter_dir
+from specli.core.drafters.llm.loading import resolve_drafter_dir
 from specli.models.cosyvoice.lm import load_cosyvoice
 from specli.models.cosyvoice.layout import merged_layout, vllm_layout
 from specli.errors import ModelLoadError

@@ -29,7 +29,7 @@ from specli.core.greedy import greedy_decode
 from specli.core.job import DecodeJob
 from specli.core.sampling import SamplerOptions, build_sampler
 from specli.core.speculative import SpecOptions, speculative_decode
-from specli.tts.drafting import SpeechDraftOptions, wrap
+from specli.core.drafters.llm.loading import SpeechDraftOptions, wrap
 from specli.models.cosyvoice.lm import load_cosyvoice
 from specli.core.types import HiddenStates, ScoreOutput
 from specli.core.verify import reference

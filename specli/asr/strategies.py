@@ -10,6 +10,7 @@ from specli.asr.drafters.dynamic_tree import DynamicTreeDrafter, DynamicTreeOpti
 from specli.asr.drafters.eagle_head import load_head
 from specli.asr.drafters.eagle import EagleDrafter
 from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
+from specli.core.drafters.llm.loading import SpeechDraftOptions, load_drafter
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.drafters.recycling import RecyclingDrafter
 from specli.asr.fallback import AR, DecodeMethod
@@ -52,6 +53,8 @@ def build_drafter(preset: Preset, target: WhisperModel, language: str | None = N
         drafter = CrossTokenizerDrafter(draft, target, language or "en", _draft_options(preset))
     elif preset.drafter == "eagle" and preset.strategy == "dynamic-tree":
         drafter = DynamicTreeDrafter(load_head(preset.head, target.target), _tree_options(preset))
+    elif preset.drafter in ("eagle3", "dflash"):  # a trained LLM drafter reading the target's aux layers
+        drafter = load_drafter(preset.draft_dir, target.target, SpeechDraftOptions(), kind=preset.drafter)
     elif preset.drafter == "eagle":
         drafter = EagleDrafter(load_head(preset.head, target.target), _draft_options(preset),
                                int8=None if preset.head_weights == "auto" else preset.head_weights == "int8")

@@ -98,7 +98,20 @@ def _summary_tables(report: dict) -> list[str]:
                 "e2e speedup", "median utt e2e"], spec_rows),
         "tau micro = total tokens / total verify steps; tau macro = mean of per-utterance tau; "
         "plain greedy has tau = 1. Speedups: baseline seconds / system seconds, over the same files.", "",
+        *_experts_table(report),
     ]
+
+
+def _experts_table(report: dict) -> list[str]:
+    """MoE targets: distinct experts touched per verify step (and by tokens verified); nothing for dense ones."""
+    rows = [[x["system"], fmt(x["experts_per_step"], 1),
+             ", ".join(f"{n}: {fmt(v, 1)}" for n, v in x["experts_by_tokens"].items())]
+            for x in report["summaries"] if x.get("experts_per_step") is not None]
+    if not rows:
+        return []
+    return ["## MoE experts touched", "", *table(["system", "experts / verify step", "by tokens verified"], rows),
+            "Distinct experts a target forward after the prefill reads, summed over the MoE layers: verifying "
+            "k + 1 tokens touches up to top_k x (k + 1) experts a layer (weight traffic grows with the draft).", ""]
 
 
 def _position_table(report: dict) -> list[str]:

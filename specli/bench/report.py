@@ -39,6 +39,9 @@ class Run:
     token_ids: tuple[int, ...] | None = None  # text tokens of the transcript; None for peers
     text: str = ""  # transcript
     language: str | None = None  # language decoded with
+    # MoE targets: distinct experts touched by the decode's non-prefill forwards (each a verify step, or a plain
+    # decode step), by tokens in the forward: {"n": [forwards, experts summed over the MoE layers]}; None: dense
+    experts: dict[str, list[int]] | None = None
 
     def stat(self, name: str) -> float:
         """A :class:`DecodeStats` counter or time (``tokens``, ``decode_seconds``, ...); 0 for peers."""
@@ -199,6 +202,21 @@ def acceptance_stats(utts: Sequence[Utterance]) -> dict:
     }
 
 
+def expert_stats(utts: Sequence[Utterance]) -> dict:
+    """MoE targets: mean distinct experts touched per verify step (every non-prefill forward: a verification,
+    or a plain decode step), and per forward by tokens verified (draft + 1); empty for dense targets."""
+    by: dict[int, list[int]] = {}
+    for u in utts:
+        for n, (f, e) in (u.run.experts or {}).items():
+            entry = by.setdefault(int(n), [0, 0])
+            entry[0], entry[1] = entry[0] + f, entry[1] + e
+    if not by:
+        return {}
+    forwards, experts = sum(f for f, _ in by.values()), sum(e for _, e in by.values())
+    return {"experts_per_step": ratio(experts, forwards),
+            "experts_by_tokens": {str(n): e / f for n, (f, e) in sorted(by.items()) if f}}
+
+
 def speedups(utts: Sequence[Utterance], base: Mapping[str, Utterance]) -> dict:
     """End-to-end and decoder-phase speedups vs the baseline over the files both have."""
     pairs = [(u, base[u.run.file]) for u in utts if u.run.file in base]
@@ -231,6 +249,7 @@ def system_summary(info: SystemInfo, utts: Sequence[Utterance], base: Mapping[st
     }
     acc = acceptance_stats(utts) if preset else {}
     out.update(acc)
+    out.update(expert_stats(utts))
     out.update(speedups(utts, base))
     if not preset:
         out["speedup_decode"] = None

@@ -36,10 +36,11 @@ from specli.bench.report import Bins, Run, Skip, SystemInfo, build_report
 from specli.bench.runlog import RunLog, read_runlog
 from specli.asr.fallback import DecodingOptions
 from specli.core.device import dtype_name
+from specli.asr.speech import speech_hooks
 from specli.asr.strategies import build_decoder
-from specli.models.whisper.loader import WhisperModel, load_whisper
+from specli.models.registry import family
 from specli.asr.windows import Task, TranscribeOptions, transcribe_stream
-from specli.errors import AudioError
+from specli.errors import AudioError, UsageError
 from specli.presets import Preset, load_preset
 
 Progress = Callable[[str], None]
@@ -103,7 +104,7 @@ def choose_baseline(presets: Sequence[Preset], baseline: str | None) -> Preset:
 class PresetSystem:
     """A specli preset: shared model, decoder rebuilt per pass for pool drafters."""
 
-    def __init__(self, preset: Preset, model: WhisperModel, opts: BenchOptions) -> None:
+    def __init__(self, preset: Preset, model: object, opts: BenchOptions) -> None:
         self.preset, self.model = preset, model
         # greedy at every window (no temperature fallback): outputs are compared token for token
         self.topts = TranscribeOptions(task=opts.task, language=opts.language, timestamps=False,
@@ -119,11 +120,15 @@ class PresetSystem:
 
     def run(self, clip: Clip, repeat: int, language: str | None) -> Run:
         topts = replace(self.topts, timestamps=clip.timestamps(self.timestamps))
+        tally = getattr(self.model.target, "experts", None)  # an MoE target's ExpertTally (models/moe.py)
+        if tally is not None:
+            tally.reset()
         t0 = time.perf_counter()
         res = transcribe_stream(self.model, [clip.audio], topts, self.decode)
         wall = time.perf_counter() - t0
+        experts = None if tally is None else {str(n): list(v) for n, v in sorted(tally.by_tokens.items())}
         return Run(self.info.name, clip.path, repeat, clip.seconds, wall, res.stats.encode_seconds, res.stats.decode,
-                   tuple(t for s in res.segments for t in s.tokens), res.text, res.language)
+                   tuple(t for s in res.segments for t in s.tokens), res.text, res.language, experts)
 
 
 class PeerSystem:
@@ -161,16 +166,18 @@ def build_systems(opts: BenchOptions) -> tuple[list[PresetSystem | PeerSystem], 
     if dupes:
         raise BenchError(f"preset(s) given twice: {', '.join(dupes)}")
     presets.sort(key=lambda p: p.name != baseline)
-    models: dict[tuple[str, str, str], WhisperModel] = {}
+    models: dict[tuple[str, str, str, str], object] = {}
     systems: list[PresetSystem | PeerSystem] = []
     for p in presets:
         p = replace(p, device=opts.device or p.device, dtype=opts.dtype or p.dtype)
-        key = (p.model, p.dtype, p.device)
+        key = (p.family, p.model, p.dtype, p.device)
         if key not in models:
-            models[key] = load_whisper(p.model, p.dtype, device=p.device)
+            models[key] = family(p.family).load(p.model, p.dtype, device=p.device)
         model = models[key]  # the preset as run: effective dtype and device
-        if opts.task == "translate" and not model.special.multilingual:
-            raise BenchError(f"{p.name}: {p.model} is English-only; --task translate needs a multilingual model")
+        try:  # the family's hooks: an English-only Whisper cannot translate, ...
+            speech_hooks(model).check_support(p.model, opts.task, opts.language)
+        except UsageError as exc:
+            raise BenchError(f"{p.name}: {exc}") from exc
         p = replace(p, dtype=dtype_name(model.target.dtype), device=str(model.target.device))
         systems.append(PresetSystem(p, model, opts))
     base = systems[0]

@@ -16,6 +16,10 @@ from specli.asr.drafters.eagle_head import load_head
 from specli.asr.language import check_model_name, check_model_support, normalize_language
 from specli.asr.pipeline import discover
 from specli.asr.windows import TranscribeOptions
+from specli.commands.distill_audio_lm import (audio_lm_training, check_flags, is_audio_lm_preset,
+                                              run_audio_lm_data)
+from specli.commands.distill_audio_lm import DATA_FLAGS as AUDIO_LM_DATA_FLAGS
+from specli.commands.distill_audio_lm import TRAIN_FLAGS as AUDIO_LM_TRAIN_FLAGS
 from specli.commands.distill_speech import TrainFn, is_speech_preset, run_speech_data, speech_training
 from specli.commands.interrupt import report_interrupt
 from specli.distill.data import generate, load_windows, open_manifest
@@ -83,7 +87,8 @@ def check_family_flags(preset_name: str, flags: dict[str, tuple[str, ...]]) -> b
               help="Whisper presets: files decoded together (batched greedy decoding: the same labels, more "
               "files per second).")
 @click.option("--text", "texts", multiple=True, help="Synthesis presets: an utterance to speak (repeatable).")
-@click.option("--model", help="Synthesis presets: cosyvoice2, cosyvoice3 or a checkpoint directory.")
+@click.option("--model", help="Synthesis presets: cosyvoice2, cosyvoice3 or a checkpoint directory; audio-LLM "
+              "presets: a model directory or name.")
 @click.option("--sampler", type=click.Choice(["ras", "vllm", "greedy"]),
               help="Synthesis presets: the deployment sampler (default: the preset's).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Synthesis presets: run seed.")
@@ -101,7 +106,14 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size
     \b
     Whisper presets only: --timestamps/--no-timestamps, --task, --language, --dtype, --batch-size.
     Synthesis presets only: --text, --model, --sampler, --seed, --aux-layers, --per-shard.
+    Audio-LLM presets (qwen2-audio-ar, qwen3-omni-ar ...): INPUTS transcribed greedily as `transcribe` does,
+    with --task, --language, --model, --aux-layers (default: the family's EAGLE-3 and DFlash layers).
     Given with a preset of the other family, these are an error (exit 2)."""
+    if is_audio_lm_preset(preset_name):
+        check_flags(AUDIO_LM_DATA_FLAGS)
+        with report_interrupt(lambda: _labelled_so_far(out)):
+            run_audio_lm_data(inputs, preset_name, out, task, language, model, aux_layers, quiet)
+        return
     if check_family_flags(preset_name, DATA_FLAGS):
         with report_interrupt(lambda: _labelled_so_far(out)):
             run_speech_data(inputs, texts, preset_name, out, model, sampler, seed, aux_layers, per_shard, quiet)
@@ -161,7 +173,8 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size
               "e.g. whisper-base-eagle; its draft vocabulary) instead of the target's last decoder layer.")
 @click.option("--drafter", type=click.Choice(["dspark", "dflash", "eagle3"]), default="dspark", show_default=True,
               help="Synthesis presets: the drafter trained.")
-@click.option("--model", help="Synthesis presets: cosyvoice2, cosyvoice3 or a checkpoint directory.")
+@click.option("--model", help="Synthesis presets: cosyvoice2, cosyvoice3 or a checkpoint directory; audio-LLM "
+              "presets: a model directory or name.")
 @click.option("--layers", type=click.IntRange(0), default=0, help="Synthesis presets: draft layers (0 = recipe).")
 @click.option("--block", type=click.IntRange(0), default=0,
               help="Synthesis presets: block size / EAGLE-3 unroll (0 = recipe: 8, 4, 7).")
@@ -179,7 +192,17 @@ def train(data_dirs, preset_name, out, val_dirs, val_windows, dtype, epochs, ste
     \b
     Whisper presets only: --val-windows, --dtype, --feature-noise, --dropout, --precision, --init.
     Synthesis presets only: --drafter, --model, --layers, --block, --anchors, --markov-rank.
+    Audio-LLM presets: --drafter eagle3 or dflash (the family's layers and block), --model, --layers, --block,
+    --anchors; no validation decode (check the drafter with `transcribe` or `bench`).
     Given with a preset of the other family, these are an error (exit 2)."""
+    if is_audio_lm_preset(preset_name):
+        check_flags(AUDIO_LM_TRAIN_FLAGS)
+        train_fn, out = audio_lm_training(data_dirs, preset_name, out, model, drafter=drafter, layers=layers,
+                                          block=block, draft_vocab=draft_vocab, epochs=epochs or 10, steps=steps,
+                                          lr=lr, batch=batch, anchors=anchors, checkpoint_every=checkpoint_every,
+                                          val_every=val_every)
+        run_training(train_fn, quiet, out)
+        return
     if check_family_flags(preset_name, TRAIN_FLAGS):
         if len(val_dirs) > 1:
             raise click.UsageError("synthesis presets take one --val directory")

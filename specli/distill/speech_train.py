@@ -1,4 +1,8 @@
-"""Train a DSpark / DFlash / EAGLE-3 drafter for a CosyVoice LM on ``specli distill data`` shards.
+"""Train a DSpark / DFlash / EAGLE-3 drafter for a CosyVoice LM or an audio LLM on ``specli distill data`` shards.
+
+What training reads of the target is a :class:`DraftTarget` (:func:`cosyvoice_target`; audio LLMs:
+:func:`specli.distill.audio_lm_data.audio_lm_target`, whose family recipe sets the layer ids, their layer-output
+convention and the block / unroll).
 
 Each step takes ``batch`` on-policy sequences (:mod:`specli.distill.speech_data`), the drafter's
 auxiliary layers gathered from the stored ones, and runs the drafter's teacher-forced
@@ -25,9 +29,10 @@ sampler, and the drafter saved in ``OUT`` (speculators format) is the best valid
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -114,24 +119,61 @@ class SpeechBatch:
     anchor_ok: torch.Tensor  # [B, A] False for padding anchors (repeats in short sequences)
 
 
-def new_module(kind: str, model: CosyVoiceModel, records: list[dict], options: SpeechTrainOptions) -> SpeechDraftModule:
-    """A fresh drafter for ``model`` with the recipe's sizes and a draft vocabulary from ``records``."""
-    parts = target_parts(model.lm)
+Validate = Callable[[SpeechDraftModule, list[dict], int], DecodeStats]  # module, held-out records, max_draft
+
+
+@dataclass(frozen=True)
+class DraftTarget:
+    """What drafter training reads of a target (a CosyVoice LM: :func:`cosyvoice_target`; an audio LLM:
+    :mod:`specli.distill.audio_lm_data`)."""
+
+    target: Any  # what target_parts / attach_aux_layers read (a CosyVoice LM, an audio-LLM target)
+    pad_id: int  # id padding the batches (the stop token)
+    first_special: int  # ids from here on are always in a reduced draft vocabulary (stop / special tokens)
+    recipe: Callable[[str, int], tuple[tuple[int, ...], str]] | None = None  # (kind, depth) -> aux ids, convention
+    blocks: dict[str, int] = field(default_factory=dict)  # the family's block size / unroll by kind
+    validate: Validate | None = None  # acceptance of held-out records by real speculative decoding (None: none)
+
+
+def cosyvoice_target(model: CosyVoiceModel, sampler: SamplerOptions = SamplerOptions("ras"),
+                     seed: int = 0) -> DraftTarget:
+    """A CosyVoice LM's training view: eos pads, stop ids always drafted, validation at ``sampler``."""
+    spec = model.spec
+    return DraftTarget(model.lm, spec.eos, spec.speech_token_size,
+                       validate=lambda module, recs, max_draft: validate(module, model, recs, sampler, seed,
+                                                                         max_draft))
+
+
+def as_draft_target(model: CosyVoiceModel | DraftTarget) -> DraftTarget:
+    return model if isinstance(model, DraftTarget) else cosyvoice_target(model)
+
+
+def new_module(kind: str, model: CosyVoiceModel | DraftTarget, records: list[dict],
+               options: SpeechTrainOptions) -> SpeechDraftModule:
+    """A fresh drafter for ``model`` with the recipe's sizes (the family's layer ids and block when it has them)
+    and a draft vocabulary from ``records``."""
+    dt = as_draft_target(model)
+    parts = target_parts(dt.target)
     layers, block = options.recipe()
+    block = options.block or dt.blocks.get(kind, block)
+    kw = {}
+    if dt.recipe is not None:
+        aux, convention = dt.recipe(kind, parts.layers)
+        kw = {"aux_layers": aux, "convention": convention}
     ids = None
     if options.draft_vocab and options.draft_vocab < parts.vocab:
         counts = torch.zeros(parts.vocab, dtype=torch.long)
         for r in records:
             counts += torch.bincount(r["tokens"][int(r["plen"]):].clamp(max=parts.vocab - 1), minlength=parts.vocab)
-        first_stop = model.spec.speech_token_size
-        ids = draft_vocabulary(counts, max(options.draft_vocab, parts.vocab - first_stop + 1), first_stop)
+        first = dt.first_special
+        ids = draft_vocabulary(counts, max(options.draft_vocab, parts.vocab - first + 1), first)
         ids = ids.to(parts.device)
     if kind == "dspark":
         return new_dspark(parts, layers, block, options.markov_rank, options.confidence_weight > 0, ids,
-                          seed=options.seed)
+                          seed=options.seed, **kw)
     if kind == "dflash":
-        return new_dflash(parts, layers, block, ids, seed=options.seed)
-    return new_eagle3(parts, block, ids, seed=options.seed)
+        return new_dflash(parts, layers, block, ids, seed=options.seed, **kw)
+    return new_eagle3(parts, block, ids, seed=options.seed, **kw)
 
 
 def layer_index(stored: list[int], module: SpeechDraftModule) -> list[int]:
@@ -263,7 +305,7 @@ def _info(options: SpeechTrainOptions, step: int, loss: float, val: float | None
     return info
 
 
-def _restore(state: dict | None, model: CosyVoiceModel, records: list[dict], options: SpeechTrainOptions,
+def _restore(state: dict | None, model: DraftTarget, records: list[dict], options: SpeechTrainOptions,
              where: Path) -> SpeechDraftModule:
     """The module of the checkpoint ``state`` (refused if another kind), else a new one."""
     if state is None:
@@ -271,7 +313,7 @@ def _restore(state: dict | None, model: CosyVoiceModel, records: list[dict], opt
     cfg = SpeechDraftConfig(**json.loads(state["config"]))
     if cfg.kind != options.drafter:
         raise SpecliError(f"{where}: checkpoints of a {cfg.kind} drafter, not {options.drafter}")
-    module = MODULES[cfg.kind](cfg, target_parts(model.lm), state["module"]["draft_ids"])
+    module = MODULES[cfg.kind](cfg, target_parts(model.target), state["module"]["draft_ids"])
     module.load_state_dict(state["module"])
     return module
 
@@ -282,35 +324,40 @@ def _entries(module: SpeechDraftModule) -> dict:
     return {"module": module.state_dict(), "config": json.dumps(cfg)}
 
 
-def _trainee(module: SpeechDraftModule, opt: torch.optim.Optimizer, model: CosyVoiceModel, out: Path,
+def _trainee(module: SpeechDraftModule, opt: torch.optim.Optimizer, model: DraftTarget, out: Path,
              records: list[dict], val_set: list[dict], manifest: dict, options: SpeechTrainOptions) -> Trainee:
-    """The loop's view of a speech drafter: the recipe's loss, validation at the data's sampler,
-    speculators-format save into ``out``."""
+    """The loop's view of a speech drafter: the recipe's loss, validation (the target's: CosyVoice at the data's
+    sampler), speculators-format save into ``out``."""
     index = layer_index([int(i) for i in manifest.get("aux_layers", [])], module)
-    sampler = SamplerOptions(**manifest["sampler"]) if "sampler" in manifest else SamplerOptions("ras")
 
     def loss(idx: list[int], gen: torch.Generator) -> tuple[torch.Tensor, str]:
-        batch = make_batch([records[j] for j in idx], index, options.anchors, model.spec.eos, module.parts.device, gen)
+        batch = make_batch([records[j] for j in idx], index, options.anchors, model.pad_id, module.parts.device, gen)
         total, logs = batch_loss(module, batch, options)
         return total, ", ".join(f"{k} {v:.3f}" for k, v in logs.items())
 
     def check() -> tuple[float, str]:
-        stats = validate(module, model, val_set, sampler, int(manifest.get("seed", 0)), options.val_max_draft)
+        stats = model.validate(module, val_set, options.val_max_draft)
         rates = ", ".join(f"{a / max(n, 1):.2f}" for a, n in zip(stats.position_accepts, stats.position_attempts))
         return stats.acceptance_length, f"on {len(val_set)} sequence(s) (per position {rates})"
 
     def save(step: int, last_loss: float, val: float | None) -> None:
         save_speculators(module, out, _info(options, step, last_loss, val, len(records), manifest))
 
-    return Trainee(module, opt, len(records), loss, check if val_set else None, save, lambda: _entries(module))
+    validates = bool(val_set) and model.validate is not None
+    return Trainee(module, opt, len(records), loss, check if validates else None, save, lambda: _entries(module))
 
 
 def train_speech(
-    records: list[dict], model: CosyVoiceModel, out: Path, options: SpeechTrainOptions = SpeechTrainOptions(),
-    val_records: list[dict] | None = None, manifest: dict | None = None, progress: Progress | None = None,
+    records: list[dict], model: CosyVoiceModel | DraftTarget, out: Path,
+    options: SpeechTrainOptions = SpeechTrainOptions(), val_records: list[dict] | None = None,
+    manifest: dict | None = None, progress: Progress | None = None,
 ) -> TrainSummary:
-    """Train (or resume training) a drafter for ``model`` on ``records``; save it under ``out``."""
+    """Train (or resume training) a drafter for ``model`` on ``records`` (only their generated tokens are
+    predicted); save it under ``out``. A CosyVoice model validates at the data's sampler."""
     manifest = manifest or {}
+    if not isinstance(model, DraftTarget):
+        sampler = SamplerOptions(**manifest["sampler"]) if "sampler" in manifest else SamplerOptions("ras")
+        model = cosyvoice_target(model, sampler, int(manifest.get("seed", 0)))
     records = [r for r in records if len(r["tokens"]) > int(r["plen"])]
     if not records:
         raise ValueError("no training sequence has a generated token")

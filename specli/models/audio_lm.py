@@ -31,6 +31,7 @@ from specli.core.job import DecodeJob
 from specli.core.kv_cache import KVCache, RaggedKVCache
 from specli.core.types import ScoreOutput
 from specli.errors import ModelLoadError, UsageError
+from specli.models.moe import ExpertTally
 from specli.models.qwen2 import Qwen2Target
 from specli.models.speech import WindowPrompt
 
@@ -51,9 +52,51 @@ class AudioLMState:
         return self.cache.length
 
 
+@dataclass(frozen=True)
+class DraftRecipe:
+    """A family's published EAGLE-3 / DFlash drafter shape (yuekaizhang/SpecForge configs, z-lab DFlash). Layer
+    ids are layer *outputs* (SpecForge / z-lab capture ``hidden_states[i + 1]``) of a ``ref_layers``-deep target;
+    :meth:`aux_layers` scales them to another depth (tiny test targets)."""
+
+    ref_layers: int  # depth of the published target
+    dflash_aux: tuple[int, ...]  # DFlash target layer ids (outputs) at ref_layers
+    dflash_block: int  # DFlash block size
+    eagle3_unroll: int  # EAGLE-3 test-time-training unroll
+
+    def aux_layers(self, kind: str, layers: int) -> tuple[tuple[int, ...], str]:
+        """(layer ids, ``"output"``) a ``kind`` drafter reads on a ``layers``-deep target: EAGLE-3
+        ``[1, L/2 - 1, L - 4]``, DFlash the published ids scaled to ``layers`` (distinct, within 0..L-1)."""
+        top = layers - 1
+        if kind == "eagle3":
+            ids = sorted({min(max(i, 0), top) for i in (1, layers // 2 - 1, layers - 4)})
+            if len(ids) < 3:  # a target too shallow for the default: spread over its blocks
+                ids = sorted({int(round(k * top / 2)) for k in range(3)})
+            if len(ids) < 3:
+                raise ValueError(f"EAGLE-3 needs a target of at least 3 blocks, this one has {layers}")
+            return tuple(ids), "output"
+        if kind != "dflash":
+            raise ValueError(f"no {kind} recipe for audio-LLM targets (eagle3, dflash)")
+        if layers == self.ref_layers:
+            return self.dflash_aux, "output"
+        scale = top / max(self.ref_layers - 1, 1)
+        return tuple(sorted({min(int(round(i * scale)), top) for i in self.dflash_aux})), "output"
+
+
+# z-lab's build_target_layer_ids for a 5-layer drafter of a 32-block target: a family without a published one
+DEFAULT_RECIPE = DraftRecipe(32, (1, 8, 15, 22, 28), 4, 5)
+
+
 class AudioLMTarget:
     """Audio tower + projector (transformers modules, run by the family's :meth:`encode`) and the lean decoder
-    (``lm``)."""
+    (``lm``).
+
+    Drafters (:mod:`specli.core.drafters.llm`) read it as a Qwen2 target: ``qwen`` (the lean decoder: sizes,
+    head, the aux layers it returns, numbered like transformers' ``hidden_states``) and :meth:`embed`
+    (an audio placeholder embeds as its token, as SpecForge trains). ``draft_recipe`` is the family's published
+    drafter shape; ``experts`` tallies the distinct experts each decoder forward touched (MoE decoders; None
+    for dense ones)."""
+
+    draft_recipe: DraftRecipe = DEFAULT_RECIPE
 
     def __init__(self, tower: torch.nn.Module, projector: torch.nn.Module, lm: Qwen2Target, audio_token: int,
                  audio_ctx: int, prompt_room: int = PROMPT_ROOM) -> None:
@@ -63,6 +106,16 @@ class AudioLMTarget:
         self.audio_ctx = audio_ctx  # audio embeddings of a full window
         self.max_len = audio_ctx + prompt_room
         self.compiled_encoder = None  # the tower runs eagerly
+        self.experts = ExpertTally() if lm.has_moe else None
+
+    @property
+    def qwen(self) -> Qwen2Target:
+        """The lean decoder (what drafters attach their aux layers to and read sizes / head from)."""
+        return self.lm
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token embeddings of ids ``tokens [...]`` (audio placeholders as their token)."""
+        return self.lm.embed(tokens)
 
     def encode(self, mel: torch.Tensor, frames: Sequence[int] | None = None) -> torch.Tensor:
         """``mel [B, n_mels, frames]`` with ``frames[b]`` real frames -> audio embeddings ``[B, A, hidden]``
@@ -131,9 +184,13 @@ class AudioLMTarget:
             rows = torch.arange(b, device=self.device)[:, None].expand(b, n)
             embeds = embeds.clone()
             embeds[audio] = state.audio[rows[audio], index[audio]].to(embeds.dtype)
-        for row in (positions[:, 0] == 0).nonzero()[:, 0].tolist():
+        prefill = (positions[:, 0] == 0).nonzero()[:, 0].tolist()
+        for row in prefill:
             state.rope_delta[row] = self.prompt_rope_delta(tokens[row])
-        return self.lm.score(state, None, positions + state.rope_delta[:b, None], tree_mask, embeds=embeds)
+        out = self.lm.score(state, None, positions + state.rope_delta[:b, None], tree_mask, embeds=embeds)
+        if self.experts is not None and not prefill:
+            self.experts.add(b, n, self.lm.experts_touched())
+        return out
 
     def prompt_rope_delta(self, prompt: torch.Tensor) -> int:
         """The RoPE offset of the text after ``prompt [n]`` (its prefill's ids): 0 for a family with 1-D RoPE;

@@ -10,8 +10,41 @@ them per forward).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
+
+
+@dataclass
+class ExpertTally:
+    """Distinct experts touched by decoder forwards (summed over the MoE layers), by tokens in the forward: what
+    a verification of ``n`` tokens costs in expert weights read (``n = 1``: a plain batch-1 decode step; a batch
+    forward of ``B`` rows of ``k`` tokens counts as ``B * k`` tokens)."""
+
+    by_tokens: dict[int, list[int]] = field(default_factory=dict)  # tokens of a forward -> [forwards, experts]
+
+    def add(self, rows: int, tokens: int, experts: int) -> None:
+        """One forward of ``rows`` rows of ``tokens`` tokens that touched ``experts`` experts in all layers."""
+        entry = self.by_tokens.setdefault(rows * tokens, [0, 0])
+        entry[0] += 1
+        entry[1] += experts
+
+    def reset(self) -> None:
+        self.by_tokens.clear()
+
+    @property
+    def forwards(self) -> int:
+        return sum(f for f, _ in self.by_tokens.values())
+
+    @property
+    def experts(self) -> int:
+        return sum(e for _, e in self.by_tokens.values())
+
+    def mean(self, tokens: int | None = None) -> float:
+        """Mean experts touched per forward (of ``tokens`` tokens; None: every forward)."""
+        f, e = self.by_tokens.get(tokens, [0, 0]) if tokens is not None else (self.forwards, self.experts)
+        return e / f if f else 0.0
 
 
 class MoE:

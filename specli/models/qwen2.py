@@ -199,6 +199,15 @@ class Qwen2Target:
             weights.update(load_file(str(f)))
         return cls(Qwen2Dims.from_hf_config(cfg), weights, dtype, aux_layers=aux_layers, device=device)
 
+    @property
+    def has_moe(self) -> bool:
+        """Whether any block is a sparse mixture of experts."""
+        return any(blk.moe is not None for blk in self.blocks)
+
+    def experts_touched(self) -> int:
+        """Distinct experts the last forward touched, summed over the MoE blocks (0 for a dense decoder)."""
+        return sum(blk.moe.experts_touched for blk in self.blocks if blk.moe is not None)
+
     def start(self, max_len: int, batch: int = 1, device: torch.device | str | None = None) -> Qwen2State:
         """An empty state whose cache holds ``max_len`` positions (on the target's device by default)."""
         d = self.dims

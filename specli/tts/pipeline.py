@@ -26,7 +26,7 @@ import numpy as np
 from specli.io.atomic import write_atomic_with
 from specli.io.resume import ResumeMode, decide, file_fingerprint, sidecar_path, write_sidecar
 from specli.models.cosyvoice.lm import CosyVoiceModel, lm_fingerprint
-from specli.tts.drafting import resolve_drafter_dir
+from specli.core.drafters.llm.loading import resolve_drafter_dir
 from specli.tts.synthesis import SynthesisInputError, SynthesisOptions, SynthesisRequest, SynthesisResult, Synthesizer
 
 O = TypeVar("O")  # an outcome record (SpeechOutcome, or speech_audio.AudioOutcome)

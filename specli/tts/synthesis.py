@@ -36,7 +36,7 @@ from specli.core.job import DecodeJob
 from specli.core.device import resolve_device
 from specli.core.sampling import SamplerOptions, build_sampler, default_options, request_generator
 from specli.core.speculative import SpecOptions, speculative_decode
-from specli.tts.drafting import SpeechDraftOptions, load_drafter
+from specli.core.drafters.llm.loading import SpeechDraftOptions, load_drafter
 from specli.models.cosyvoice.lm import CosyVoiceModel
 from specli.models.registry import family
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT, TextTokenizerError

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from transformers.masking_utils import create_bidirectional_mask
 
-from specli.models.audio_lm import AudioLMState, AudioLMTarget
+from specli.models.audio_lm import AudioLMState, AudioLMTarget, DraftRecipe
 from specli.models.qwen2 import Qwen2Target
 
 N_FRAMES = 3000  # mel frames the tower takes (2 x max_source_positions)
@@ -31,6 +31,9 @@ Qwen2AudioState = AudioLMState  # the cache and the window's audio embeddings
 
 class Qwen2AudioTarget(AudioLMTarget):
     """Qwen2-Audio's Whisper-like tower + projector (transformers modules) and the lean Qwen2 decoder (``lm``)."""
+
+    # SpecForge qwen2-audio-7b: EAGLE-3 unroll 5; DFlash 5 layers, block 4
+    draft_recipe = DraftRecipe(32, (1, 8, 15, 22, 28), 4, 5)
 
     def __init__(self, tower: torch.nn.Module, projector: torch.nn.Module, lm: Qwen2Target, audio_token: int) -> None:
         super().__init__(tower, projector, lm, audio_token, audio_positions(N_FRAMES))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specli.models.audio_lm import AudioLMState, AudioLMTarget
+from specli.models.audio_lm import AudioLMState, AudioLMTarget, DraftRecipe
 from specli.models.aut import N_FRAMES, audio_positions, unpack
 from specli.models.qwen2 import Qwen2Target
 
@@ -26,6 +26,9 @@ Qwen3OmniState = AudioLMState  # the cache, the window's audio embeddings, each 
 class Qwen3OmniTarget(AudioLMTarget):
     """The thinker's audio encoder (a transformers module; ``rope_index`` its ``get_rope_index``) and the lean
     MoE decoder (``lm``)."""
+
+    # SpecForge qwen3-omni-30b: EAGLE-3 unroll 7; DFlash 5 layers, block 8
+    draft_recipe = DraftRecipe(48, (1, 12, 23, 34, 45), 8, 7)
 
     def __init__(self, thinker_model: torch.nn.Module, lm: Qwen2Target, audio_token: int) -> None:
         tower = thinker_model.audio_tower

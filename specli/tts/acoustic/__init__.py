@@ -21,5 +21,5 @@ from specli.tts.acoustic.hift import HiFT, HiFTConfig, load_hift
 from specli.tts.acoustic.spec import AcousticSpec, acoustic_spec
 from specli.tts.acoustic.pipeline import VoicePrompt, Vocalizer
 
-__all__ = ["AcousticSpec", "Frontend", "HiFT", "HiFTConfig", "HifiGan", "acoustic_spec", "load_hifigan", "PromptInputs", "StoredSpeaker", "VoicePrompt", "Vocalizer", "load_flow",
-           "load_hift", "load_speakers"]
+__all__ = ["AcousticSpec", "Frontend", "HiFT", "HiFTConfig", "HifiGan", "PromptInputs", "StoredSpeaker", "VoicePrompt",
+           "Vocalizer", "acoustic_spec", "load_flow", "load_hift", "load_hifigan", "load_speakers"]

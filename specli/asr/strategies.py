@@ -13,6 +13,7 @@ from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.drafters.recycling import RecyclingDrafter
 from specli.asr.fallback import AR, DecodeMethod
+from specli.core.goodput import FixedCosts, OnlineCosts
 from specli.core.speculative import SpecOptions
 from specli.core.device import dtype_name, resolve_device
 from specli.models.registry import family
@@ -58,12 +59,20 @@ def build_drafter(preset: Preset, target: WhisperModel, language: str | None = N
     return RecyclingDrafter(drafter) if preset.strategy == "recycling" else drafter
 
 
+# goodput's first guess, in one-token target forwards, until this process has timed its own (notes/cpu-decoding-costs:
+# an EAGLE head token ~7 % of a whisper-base step; a verify of n tokens ~1 + 0.08 (n - 1) steps in bf16; 4 batch
+# rows ~1.3x one); OnlineCosts replaces it with measured seconds per (rows, tokens) as the decode goes
+DRAFT_COST_PRIOR = FixedCosts(draft_s=0.07, base=1.0, slope=0.08, row_exp=0.2)
+
+
 def build_decoder(preset: Preset, target: WhisperModel, language: str | None = None) -> DecodeMethod:
     """Plain autoregressive decoding for 'ar' presets, else the preset's drafter and speculation settings."""
     if preset.strategy == "ar":
         return AR
+    costs = OnlineCosts(DRAFT_COST_PRIOR) if preset.draft_length == "goodput" else None
     return DecodeMethod(build_drafter(preset, target, language),
-                        SpecOptions(max_draft=min(preset.max_draft, 24), stop_below=preset.stop_drafting_below))
+                        SpecOptions(max_draft=min(preset.max_draft, 24), stop_below=preset.stop_drafting_below,
+                                    costs=costs))
 
 
 @dataclass(frozen=True)

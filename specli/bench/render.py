@@ -103,6 +103,18 @@ def _position_table(report: dict) -> list[str]:
             *table(["system", *[f"d{d + 1}" for d in range(depth)]], rows)]
 
 
+def _lengths_table(report: dict) -> list[str]:
+    spec = [x for x in report["summaries"] if any(x.get("draft_lengths", [])[1:])]
+    if not spec:
+        return []
+    depth = max(len(x["draft_lengths"]) for x in spec)
+    rows = [[x["system"], *[str(n) for n in x["draft_lengths"]], *["-"] * (depth - len(x["draft_lengths"]))]
+            for x in spec]
+    return ["## Draft lengths chosen", "",
+            "Verify steps by the number of tokens drafted for them (k = 0: plain decoding steps).", "",
+            *table(["system", *[f"k={k}" for k in range(depth)]], rows), ""]
+
+
 def _bins_table(report: dict) -> list[str]:
     rows = [[b["bin"], b["system"], b["utterances"], fmt(b["audio_seconds"]), times(b["speedup_decode"]),
              times(b["speedup_e2e"]), fmt(b["acceptance_micro"])] for b in report["length_bins"]]
@@ -156,7 +168,8 @@ def _skipped_table(report: dict) -> list[str]:
 
 def markdown(report: dict, plots: Sequence[Path] = ()) -> str:
     """report.md."""
-    lines = _header(report) + _skipped_table(report) + _summary_tables(report) + _position_table(report)
+    lines = (_header(report) + _skipped_table(report) + _summary_tables(report) + _position_table(report)
+             + _lengths_table(report))
     lines += _bins_table(report)
     lines += _pairwise_table(report) + _quality_tables(report)
     if plots:

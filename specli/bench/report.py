@@ -183,7 +183,13 @@ def acceptance_stats(utts: Sequence[Utterance]) -> dict:
     accepts = [sum(u.run.position_accepts[d] for u in utts if d < len(u.run.position_accepts))
                for d in range(depth)]
     rates = [a / n if n else 0.0 for a, n in zip(accepts, attempts)]
+    lengths: list[int] = []
+    for u in utts:
+        for k, n in enumerate(u.run.decode.draft_lengths if u.run.decode is not None else ()):
+            lengths.extend([0] * (k + 1 - len(lengths)))
+            lengths[k] += n
     return {
+        "draft_lengths": lengths,  # draft_lengths[k]: verify steps that drafted k tokens (goodput's choices)
         "acceptance_micro": ratio(_sum(utts, "tokens"), steps) if steps else None,
         "acceptance_macro": statistics.fmean(taus) if taus else None,
         "position_attempts": attempts,

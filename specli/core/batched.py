@@ -36,7 +36,8 @@ from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest
 from specli.core.drafters.batched import BatchDrafter
 from specli.core.job import DecodeJob, prefill, probe_at
 from specli.core.logits import filter_logits
-from specli.core.speculative import SpecOptions, accept_draft, commit_emitted, drafting_pays
+from specli.core.goodput import GoodputController
+from specli.core.speculative import SpecOptions, accept_draft, chain_of, commit_emitted, draft_room
 from specli.core.tree import depths, tree_inputs
 from specli.core.types import BatchTarget, DecodeResult, DecodeStats, HiddenStates
 
@@ -63,6 +64,7 @@ class _Row:
     sum_logprob: float = 0.0
     probed: float | None = None  # the job's probe, once read
     finished: bool = False
+    ctrl: GoodputController | None = None  # this row's goodput draft-length rule (SpecOptions.costs)
     t_start: float = field(default_factory=time.perf_counter)
 
     @property
@@ -115,6 +117,8 @@ class BatchDecoder:
                              f"{cache.max_len} positions of a row")
         row = _Row(row_job, list(job.prompt), partial(filter_logits, rules=job.rules, params=job.sampling),
                    job.generator)
+        if self.options.costs is not None:
+            row.ctrl = GoodputController(self.options.costs)
         slot = len(self.rows)
         self.target.admit(self.state, slot, row_job.context)
         view = self.target.row_state(self.state, slot, row_job.context)
@@ -147,12 +151,15 @@ class BatchDecoder:
                 if not row.finished:
                     self.drafter.commit(b, row.tokens)
         t3 = time.perf_counter()
-        share = 1.0 / len(self.rows)
+        share, widest = 1.0 / len(self.rows), max(len(p) for p in proposals)
         for row, proposal in zip(self.rows, proposals):
             row.stats.target_forwards += 1
             row.stats.drafted += len(proposal)
             row.stats.draft_seconds += (t1 - t0 + t3 - t2) * share
             row.stats.verify_seconds += (t2 - t1) * share
+        if self.options.costs is not None:
+            self.options.costs.record_draft(t1 - t0 + t3 - t2, sum(len(p) for p in proposals))
+            self.options.costs.record_verify(len(self.rows), widest + 1, t2 - t1)
         return self._release()
 
     def _propose(self) -> list[DraftProposal]:
@@ -162,13 +169,14 @@ class BatchDecoder:
         requests: list[DraftRequest | None] = []
         for b, row in enumerate(self.rows):
             job = row.job
-            room = min(self.options.max_draft, job.max_new_tokens - row.sampled - 1,
-                       self.state.cache.max_len - self.state.cache.lengths[b] - 2)
-            if not drafting_pays(row.stats, self.options.stop_below):
-                room = 0
+            if row.ctrl is not None:
+                row.ctrl.rows = len(self.rows)  # a forward scores every active row
+            room = draft_room(self.options, row.stats, row.ctrl, job.max_new_tokens - row.sampled - 1,
+                              self.state.cache.max_len - self.state.cache.lengths[b] - 2)
             view = self.target.row_state(self.state, b, row.row.context)
+            keep = None if row.ctrl is None else row.ctrl.keep_drafting
             requests.append(None if room < 1 else DraftRequest(row.tokens, len(job.prompt), room, view, row.hidden,
-                                                               row.filt, job.sampling.greedy, row.gen))
+                                                               row.filt, job.sampling.greedy, row.gen, keep))
         return self.drafter.propose(requests)
 
     def _accept(self, b: int, row: _Row, proposal: DraftProposal, out) -> None:
@@ -189,6 +197,9 @@ class BatchDecoder:
                                                       job.eot, job.max_new_tokens)
         row.stats.tokens += used
         row.stats.record_step(max(depths(proposal.parents), default=0), used - 1)
+        if row.ctrl is not None:
+            chain = chain_of(proposal)
+            row.ctrl.record(chain, min(used - 1, len(chain)))
 
     def _release(self) -> list[tuple[Hashable, DecodeResult]]:
         """Results of the finished rows; the last active rows move into their slots."""

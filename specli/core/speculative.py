@@ -18,6 +18,7 @@ import torch
 
 from specli.core.device import host_to_device
 from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest
+from specli.core.goodput import Costs, GoodputController
 from specli.core.greedy import unit_temperature
 from specli.core.job import DecodeJob, prefill, probe_at
 from specli.core.logits import SamplingParams, filter_logits
@@ -35,6 +36,10 @@ class SpecOptions:
     # stop drafting for the rest of a window once its accepted draft tokens per target forward fall below
     # this, judged from the PROBE_FORWARDS-th forward on (drafting that is rarely accepted only costs); 0 = never
     stop_below: float = 0.0
+    # goodput-driven draft length (specli.core.goodput): each step drafts as many tokens (0 included) as maximise
+    # expected committed tokens per second under these costs (learnt online or given); None: max_draft and the
+    # drafter's own stopping rule
+    costs: Costs | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft <= 64:
@@ -73,30 +78,62 @@ def speculative_decode(target: Target, state: TargetState, job: DecodeJob, draft
     stats.draft_seconds += time.perf_counter() - t_draft
     tokens = list(job.prompt)
     sum_logprob, finished = 0.0, False
+    ctrl = None if options.costs is None else GoodputController(options.costs)
     while not finished and len(tokens) - plen < job.max_new_tokens:
-        room = min(options.max_draft, job.max_new_tokens - (len(tokens) - plen) - 1,
-                   state.cache.max_len - state.cache.length - 2) if drafting_pays(stats, options.stop_below) else 0
+        room = draft_room(options, stats, ctrl, job.max_new_tokens - (len(tokens) - plen) - 1,
+                          state.cache.max_len - state.cache.length - 2)
         t0 = time.perf_counter()
-        req = DraftRequest(tokens, plen, max(0, room), state, hidden, filt, job.sampling.greedy, gen)
+        req = DraftRequest(tokens, plen, room, state, hidden, filt, job.sampling.greedy, gen,
+                           None if ctrl is None else ctrl.keep_drafting)
         proposal = drafter.propose(req) if room > 0 else DraftProposal([], [])
         t1 = time.perf_counter()
         emitted, logprobs, hidden, rows0 = _verify_step(target, state, tokens, plen, proposal, filt, job.sampling,
                                                         gen, options.verify_backend)
         if stats.verify_steps == 0:  # the first step scored the pending prompt token
             probed = probe_at(job, plen - 1, rows0) if probed is None else probed
+        t2 = time.perf_counter()
         stats.target_forwards += 1
         stats.draft_seconds += t1 - t0
-        stats.verify_seconds += time.perf_counter() - t1
+        stats.verify_seconds += t2 - t1
         stats.drafted += len(proposal)
         used, sum_logprob, finished = commit_emitted(tokens, emitted, logprobs, sum_logprob, plen, job.eot,
                                                      job.max_new_tokens)
         stats.tokens += used
         stats.record_step(max(depths(proposal.parents), default=0), used - 1)
+        if ctrl is not None:
+            learn(ctrl, proposal, used - 1, t1 - t0, t2 - t1, rows=1)
         t2 = time.perf_counter()
         drafter.commit(tokens)
         stats.draft_seconds += time.perf_counter() - t2
     stats.decode_seconds = time.perf_counter() - t_start
     return DecodeResult(tokens[plen:], sum_logprob, probed or 0.0, finished, stats)
+
+
+def draft_room(options: SpecOptions, stats: DecodeStats, ctrl: GoodputController | None, left: int,
+               cache_room: int) -> int:
+    """Most draft tokens this step: the options' cap, the tokens left, the cache's room; 0 when drafting does not
+    pay (the window's acceptance fell below ``stop_below``, or the goodput rule prefers plain decoding)."""
+    if not drafting_pays(stats, options.stop_below) or (ctrl is not None and not ctrl.should_draft()):
+        return 0
+    return max(0, min(options.max_draft, left, cache_room))
+
+
+def learn(ctrl: GoodputController, proposal: DraftProposal, accepted: int, draft_s: float, verify_s: float,
+          rows: int) -> None:
+    """After a verified step: calibrate acceptance on the main chain's confidences and feed the measured costs
+    (a tree's nodes past the chain are the tree's own business)."""
+    chain = chain_of(proposal)
+    ctrl.record(chain, min(accepted, len(chain)))
+    ctrl.costs.record_draft(draft_s, len(proposal))
+    ctrl.costs.record_verify(rows, len(proposal) + 1, verify_s)
+
+
+def chain_of(proposal: DraftProposal) -> list[float]:
+    """Confidences of the proposal's chain: its first nodes, each the previous one's child."""
+    n = 0
+    while n < len(proposal.parents) and proposal.parents[n] == n - 1:
+        n += 1
+    return list(proposal.confidence[:n])
 
 
 def commit_emitted(tokens: list[int], emitted: list[int], logprobs: list[float], sum_logprob: float, plen: int,

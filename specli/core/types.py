@@ -97,11 +97,14 @@ class DecodeStats:
     accepted: int = 0  # draft tokens accepted
     position_attempts: list[int] = field(default_factory=list)  # steps whose draft reached depth d+1 ...
     position_accepts: list[int] = field(default_factory=list)  # ... and of those, accepted at depth d+1
+    draft_lengths: list[int] = field(default_factory=list)  # draft_lengths[k]: steps that drafted a depth-k draft
 
     def record_step(self, draft_depth: int, accepted: int) -> None:
         """One verification: the draft's depth and how many tokens were accepted."""
         self.verify_steps += 1
         self.accepted += accepted
+        _grow(self.draft_lengths, draft_depth)
+        self.draft_lengths[draft_depth] += 1
         for d in range(min(draft_depth, accepted + 1)):
             if d == len(self.position_attempts):
                 self.position_attempts.append(0)
@@ -129,6 +132,16 @@ def accumulate(dst, src: DecodeStats) -> None:
             dst.position_accepts.append(0)
         dst.position_attempts[d] += src.position_attempts[d]
         dst.position_accepts[d] += src.position_accepts[d]
+    lengths = getattr(dst, "draft_lengths", None)
+    if lengths is not None:
+        _grow(lengths, len(src.draft_lengths) - 1)
+        for k, n in enumerate(src.draft_lengths):
+            lengths[k] += n
+
+
+def _grow(counts: list[int], index: int) -> None:
+    """Extend ``counts`` with zeros so that ``counts[index]`` exists."""
+    counts.extend([0] * (index + 1 - len(counts)))
 
 
 @dataclass(frozen=True)

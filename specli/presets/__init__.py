@@ -23,6 +23,7 @@ Strategy = Literal["ar", "chain", "adaptive", "recycling", "sparse-tree", "dynam
 DrafterKind = Literal["none", "pool", "model", "cross-tokenizer", "eagle"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]  # auto: core.device.auto_dtype (bf16 on native-bf16 CPUs)
 HeadWeights = Literal["auto", "int8", "float"]  # auto: int8 on the CPU, float elsewhere
+DraftLength = Literal["fixed", "goodput"]  # specli.core.goodput
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -96,6 +97,9 @@ class Preset(PresetBase):
     max_draft: int = 8  # most draft tokens (tree nodes) per target forward (hard cap 24 for adaptive)
     # stop drafting in a window whose accepted draft tokens per target forward fall below this (0 = never)
     stop_drafting_below: float = 0.0
+    # draft length per step: "fixed" = up to max_draft (and the strategy's confidence rule); "goodput" = as many as
+    # maximise expected tokens per second under costs measured in this process (0 included: no drafting)
+    draft_length: DraftLength = "fixed"
     confidence_threshold: float = 0.0  # adaptive, sparse-tree: the chain stops below it; dynamic-tree: min path prob.
     tree_topk: int = 2  # sparse-tree: alternatives per low-confidence position; dynamic-tree: nodes expanded per level
     tree_threshold: float = 0.6  # sparse-tree: positions below this drafter probability branch

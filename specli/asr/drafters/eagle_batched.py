@@ -123,7 +123,7 @@ class _Drafts:
             self.conf[i].append(p)
             if not r.greedy:
                 self.q[i].append(probs if vocab is None else vocab.to_full(probs, 0.0))
-            if len(draft) >= min(r.budget, self.steps):
+            if len(draft) >= min(r.budget, self.steps) or not r.more(self.conf[i]):
                 self.live.discard(i)
             chosen.append(tok)
         return chosen

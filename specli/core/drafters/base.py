@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,6 +29,13 @@ class DraftRequest:
     filter: FilterFn  # the one logit filter, with this decode's rules and sampling parameters
     greedy: bool  # True: propose argmax tokens; False: sample from the filtered distribution
     generator: torch.Generator | None = None  # random source for sampling drafters
+    # after each drafted chain token: given the chain's confidences so far, draft one more? (the goodput rule,
+    # specli.core.goodput; None: draft up to the budget and the drafter's own stopping rules)
+    keep: Callable[[Sequence[float]], bool] | None = None
+
+    def more(self, confidences: Sequence[float]) -> bool:
+        """Whether a chain that has these confidences may grow (budget aside)."""
+        return self.keep is None or self.keep(confidences)
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,8 @@ def draft_chain(request: DraftRequest, budget: int, logits: torch.Tensor, advanc
     draft: list[int] = []
     conf: list[float] = []
     q_rows, alts = [], []
-    while len(draft) < budget:
+    grow_chain = True  # the goodput rule may end the chain before the budget (branches keep the budget)
+    while len(draft) < budget and grow_chain:
         row = request.filter(logits[None], [sampled + draft]) if vocab is None else \
             request.filter(logits[None], [sampled + draft], vocab=vocab)
         probs = row.softmax(-1)[0]
@@ -135,12 +143,13 @@ def draft_chain(request: DraftRequest, budget: int, logits: torch.Tensor, advanc
         draft.append(tok)
         conf.append(p)
         q_rows.append(None if request.greedy else (probs if vocab is None else vocab.to_full(probs, 0.0)))
+        grow_chain = request.more(conf)
         if options.tree_topk:
             top = probs.topk(min(options.tree_topk + 1, probs.shape[-1])).indices.tolist()
             alts.append(top if ids is None else [ids[c] for c in top])
         else:
             alts.append([])
-        if len(draft) < budget:
+        if len(draft) < budget and grow_chain:
             logits = advance(tok)
 
     def grow(pos: int, alt: int, steps: int) -> list[tuple[int, float]]:  # the chain's token at pos -> alt

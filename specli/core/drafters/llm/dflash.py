@@ -239,6 +239,8 @@ class BlockDrafter:
             q_rows.append(None if request.greedy else probs)
             alts.append(probs.topk(opts.tree_topk + 1).indices.tolist() if opts.tree_topk else [])
             prev = tok
+            if not request.more(conf):
+                break
         if not draft:
             return EMPTY
         return sparse_tree(draft, conf, q_rows, alts, request.budget, opts)

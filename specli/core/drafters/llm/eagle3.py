@@ -172,6 +172,8 @@ class Eagle3Drafter:
             q_rows.append(None if request.greedy else probs)
             alts.append(probs.topk(opts.tree_topk + 1).indices.tolist() if opts.tree_topk else [])
             hidden = out
+            if not request.more(conf):
+                break
         self._kv.crop(pos)
         return sparse_tree(draft, conf, q_rows, alts, request.budget, opts) if draft else EMPTY
 

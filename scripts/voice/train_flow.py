@@ -159,6 +159,9 @@ def train(args: argparse.Namespace) -> None:
         flow.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         step, best = state["step"], state["best"]
+    elif args.init is not None:  # a new run starts from the committed voice (float16 flow.pt, official keys)
+        flow.load_state_dict({k: v.float() for k, v in torch.load(args.init, weights_only=True).items()})
+        log(f"initialised from {args.init}")
     train_data, val_data = pairs("train", args.run / "mels"), pairs("heldout", args.run / "mels")
     bf16 = args.bf16 and cpu_native_bf16()
     log(f"flow {asdict(cfg.dit)} ({sum(p.numel() for p in flow.parameters()) / 1e6:.1f}M params), "
@@ -198,6 +201,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--lookahead", type=int, default=256, help="pre-lookahead conv channels")
+    ap.add_argument("--init", type=Path, help="flow.pt to start a new run from (e.g. the shipped voice's)")
     ap.add_argument("--steps", type=int, default=30000)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--warmup", type=int, default=1000)

@@ -182,6 +182,9 @@ def train(args: argparse.Namespace) -> None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         step, best = state["step"], state["best"]
+    elif args.init is not None:  # a new run starts from the committed voice (float16 llm.pt, official keys)
+        model.load_state_dict({k: v.float() for k, v in torch.load(args.init, weights_only=True).items()})
+        log(f"initialised from {args.init}")
     bf16 = args.bf16 and cpu_native_bf16()
     n_params = sum(p.numel() for p in model.parameters())
     log(f"LM {shape} ({n_params / 1e6:.1f}M params), {len(train_seqs)} train / {len(val_seqs)} held-out sequences, "
@@ -223,6 +226,7 @@ def main() -> None:
     ap.add_argument("--blank", type=Path, required=True, help="CosyVoice-BlankEN tokenizer directory")
     ap.add_argument("--codebook", type=int, required=True, help="speech codebook size (speech_token_size)")
     ap.add_argument("--shape", help='JSON LMShape overrides, e.g. {"hidden": 256, "layers": 6}')
+    ap.add_argument("--init", type=Path, help="llm.pt to start a new run from (e.g. the shipped voice's)")
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--warmup", type=int, default=500)

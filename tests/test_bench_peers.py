@@ -9,7 +9,7 @@ import torch
 from conftest import EN_CLIPS
 from specli.io.audio import load_audio
 from specli.bench.peers import (COMPUTE_TYPES, BenchError, FasterWhisperBatchedPeer, FasterWhisperPeer, PeerSpec,
-                                parse_peer, peer_compute_type)
+                                PeerTarget, parse_peer, peer_compute_type)
 from specli.bench.runner import BenchOptions
 from specli.bench.wer import normalize
 
@@ -53,6 +53,7 @@ def test_compute_type_default_follows_the_target_where_ctranslate2_has_it():
     supported = ctranslate2.get_supported_compute_types("cpu")
     assert peer_compute_type(torch.float32, "cpu", None) == "float32"
     assert peer_compute_type(torch.bfloat16, "cpu", None) == ("bfloat16" if "bfloat16" in supported else "float32")
+    assert peer_compute_type(torch.int8, "cpu", None) == ("int8_bfloat16" if "int8_bfloat16" in supported else "float32")
     assert peer_compute_type(torch.float32, "cpu", "int8") == "int8"
     missing = next(ct for ct in COMPUTE_TYPES if ct not in supported)  # CPUs have no float16 in CTranslate2
     with pytest.raises(BenchError, match=f"has no {missing} on cpu"):
@@ -61,7 +62,10 @@ def test_compute_type_default_follows_the_target_where_ctranslate2_has_it():
 
 @pytest.fixture(scope="module")
 def tiny(whisper_models):
-    return whisper_models("whisper-tiny.en")
+    """What a peer knows of the specli target: name, directory, device, dtype (no weights)."""
+    target = PeerTarget.of(whisper_models("whisper-tiny.en"))
+    assert (target.name, target.device, target.dtype) == ("whisper-tiny.en", "cpu", "float32")
+    return target
 
 
 def test_faster_whisper_peer_runs_in_the_compute_type_asked(tiny):

@@ -11,6 +11,10 @@ A peer is named by a spec: ``hf``, ``faster-whisper[:COMPUTE]`` or ``faster-whis
 it on the device, else float32). ``faster-whisper-batched`` is faster-whisper's
 ``BatchedInferencePipeline``: clips of up to 30 s are decoded as independent windows, ``batch_size`` at
 a time, several clips together (:meth:`FasterWhisperBatchedPeer.transcribe_many`).
+
+A peer is built from a :class:`PeerTarget` (the model's name, directory, device and dtype: no weights), so
+``specli bench`` can build it in its own worker process (:mod:`specli.bench.peer_worker`). Importing this
+module imports neither transformers' Whisper classes nor faster-whisper / CTranslate2: building a peer does.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specli.core.device import DTYPES, dtype_name
 from specli.models.whisper.loader import WhisperModel
 from specli.asr.windows import Task
 from specli.models.whisper.resolve import BUNDLED, cache_root, find_package_dir, is_ct2_dir
+from specli.models.whisper.tokenizer import WhisperTokenizer
 from specli.errors import SpecliError
 
 PEERS = ("hf", "faster-whisper", "faster-whisper-batched")
@@ -41,6 +47,9 @@ COMPUTE_TYPES = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8
 MAX_SHORT_FORM_SECONDS = 30.0
 #: Windows the batched faster-whisper peer decodes together when no batch size is asked (faster-whisper's).
 DEFAULT_PEER_BATCH = 8
+#: Exceptions a peer library may raise on one clip: that run is recorded as skipped (with the reason,
+#: in the report and through ``warn``) and the benchmark goes on; any other exception is a bug and stops it.
+PEER_FAILURES = (RuntimeError, ValueError, OSError)
 
 
 class BenchError(SpecliError):
@@ -86,6 +95,21 @@ def parse_peer(spec: str) -> PeerSpec:
     return PeerSpec(kind, compute)
 
 
+@dataclass(frozen=True)
+class PeerTarget:
+    """What a peer needs to know of the specli target it is compared with (picklable, no weights)."""
+
+    name: str  # the model as the user named it (bundled name, id or path): faster-whisper finds its weights by it
+    path: Path  # resolved Hugging Face layout directory (transformers' weights, tokenizer, feature extractor)
+    device: str  # the target's device ("cpu", "cuda:0"): the peer runs there too
+    dtype: str  # the target's torch dtype name ("float32", "bfloat16", "float16"): faster-whisper's default
+
+    @classmethod
+    def of(cls, model: WhisperModel) -> PeerTarget:
+        """The target of a loaded specli model."""
+        return cls(model.name, model.path, str(model.target.device), dtype_name(model.target.dtype))
+
+
 class Peer(ABC):
     """A peer implementation: ``transcribe`` one clip; ``transcribe_many`` a list of clips."""
 
@@ -109,17 +133,17 @@ class HFPeer(Peer):
     name = "hf"
     dtype = "float32"  # transformers in float32, whatever the target's dtype
 
-    def __init__(self, model: WhisperModel, task: Task = "transcribe") -> None:
+    def __init__(self, target: PeerTarget, task: Task = "transcribe") -> None:
         from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
         self.task = task  # transcribe, or translate (X -> English)
-        self.device = model.target.device  # the target's device; float32 weights there
-        self.model = WhisperForConditionalGeneration.from_pretrained(model.path, dtype=torch.float32).eval()
+        self.device = torch.device(target.device)  # the target's device; float32 weights there
+        self.model = WhisperForConditionalGeneration.from_pretrained(target.path, dtype=torch.float32).eval()
         self.model.to(self.device)
-        self.features = WhisperFeatureExtractor.from_pretrained(model.path)
-        self.tokenizer = model.tokenizer
-        self.multilingual = model.special.multilingual
-        self.eot = model.special.eot
+        self.features = WhisperFeatureExtractor.from_pretrained(target.path)
+        self.tokenizer = WhisperTokenizer(target.path)
+        self.multilingual = self.tokenizer.special.multilingual
+        self.eot = self.tokenizer.special.eot
 
     def transcribe(self, audio: np.ndarray, language: str | None, timestamps: bool) -> str:
         kwargs: dict = {"do_sample": False, "num_beams": 1, "return_timestamps": timestamps}
@@ -149,15 +173,15 @@ class HFPeer(Peer):
 class FasterWhisperPeer(Peer):
     """faster-whisper (CTranslate2) on the bundled CTranslate2 weights, greedy, no VAD."""
 
-    def __init__(self, model: WhisperModel, threads: int | None, compute_type: str | None = None,
+    def __init__(self, target: PeerTarget, threads: int | None, compute_type: str | None = None,
                  task: Task = "transcribe") -> None:
         if importlib.util.find_spec("faster_whisper") is None:
             raise BenchError("peer 'faster-whisper' needs the package: pip install 'specli[peers]'")
         from faster_whisper import WhisperModel as FWModel
 
-        path = ct2_dir(model.name)
-        dev = model.target.device  # the same device as the specli target it is compared with
-        self.dtype = peer_compute_type(model.target.dtype, dev.type, compute_type)
+        path = ct2_dir(target.name)
+        dev = torch.device(target.device)  # the same device as the specli target it is compared with
+        self.dtype = peer_compute_type(DTYPES[target.dtype], dev.type, compute_type)
         self.name = PeerSpec("faster-whisper", compute_type).name
         self.task = task  # transcribe, or translate (X -> English)
         self.model = FWModel(str(path), device=dev.type, device_index=dev.index or 0, compute_type=self.dtype,
@@ -180,9 +204,9 @@ class FasterWhisperBatchedPeer(FasterWhisperPeer):
     speech chunks, batched).
     """
 
-    def __init__(self, model: WhisperModel, threads: int | None, compute_type: str | None = None,
+    def __init__(self, target: PeerTarget, threads: int | None, compute_type: str | None = None,
                  batch_size: int = DEFAULT_PEER_BATCH, task: Task = "transcribe") -> None:
-        super().__init__(model, threads, compute_type, task)
+        super().__init__(target, threads, compute_type, task)
         from faster_whisper import BatchedInferencePipeline
 
         self.name = PeerSpec("faster-whisper-batched", compute_type).name
@@ -228,7 +252,8 @@ class FasterWhisperBatchedPeer(FasterWhisperPeer):
 
 def peer_compute_type(dtype: torch.dtype, device: str, asked: str | None) -> str:
     """The CTranslate2 compute type a faster-whisper peer runs in: ``asked``, else the target's ``dtype``
-    where CTranslate2 has it on ``device`` (CPUs without fast bf16 kernels in CTranslate2: float32)."""
+    where CTranslate2 has it on ``device`` (an int8 target: ``int8_bfloat16``; CPUs without fast bf16 kernels in
+    CTranslate2: float32)."""
     import ctranslate2
 
     supported = set(ctranslate2.get_supported_compute_types(device))
@@ -237,17 +262,17 @@ def peer_compute_type(dtype: torch.dtype, device: str, asked: str | None) -> str
             raise BenchError(f"faster-whisper: CTranslate2 {ctranslate2.__version__} has no {asked} on {device} "
                              f"here; supported: {', '.join(sorted(supported))}")
         return asked
-    wanted = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")
+    wanted = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int8: "int8_bfloat16"}.get(dtype, "float32")
     return wanted if wanted in supported else "float32"
 
 
-def make_peer(spec: PeerSpec, model: WhisperModel, threads: int | None, task: Task = "transcribe") -> Peer:
-    """The peer ``spec`` names, on ``model``'s weights and device, decoding ``task``."""
+def make_peer(spec: PeerSpec, target: PeerTarget, threads: int | None, task: Task = "transcribe") -> Peer:
+    """The peer ``spec`` names, on ``target``'s weights and device, decoding ``task``."""
     if spec.kind == "hf":
-        return HFPeer(model, task)
+        return HFPeer(target, task)
     if spec.kind == "faster-whisper-batched":
-        return FasterWhisperBatchedPeer(model, threads, spec.compute_type, task=task)
-    return FasterWhisperPeer(model, threads, spec.compute_type, task)
+        return FasterWhisperBatchedPeer(target, threads, spec.compute_type, task=task)
+    return FasterWhisperPeer(target, threads, spec.compute_type, task)
 
 
 def ct2_dir(name: str, root: Path | None = None) -> Path:

@@ -41,7 +41,17 @@ def machine_lines(report: dict) -> list[str]:
         f"- machine: {m['cpu']} ({m['cpu_count']} cores), {m['threads']} threads; {m['platform']}",
         f"- load average (1/5/15 min) before: {m['loadavg_before']}, after: {m['loadavg_after']}",
         f"- versions: {v}",
+        *_process_lines(m.get("processes")),
     ]
+
+
+def _process_lines(processes: dict | None) -> list[str]:
+    """Where the peers ran: each in its own worker process (reports made before that have no such block)."""
+    if not processes or not processes.get("peers"):
+        return []
+    peers = ", ".join(f"{name} pid {p['pid']} ({p['torch_threads']} torch threads)"
+                      for name, p in processes["peers"].items())
+    return [f"- processes: presets in pid {processes['pid']}; each peer in its own worker process: {peers}"]
 
 
 def _header(report: dict) -> list[str]:

@@ -4,10 +4,15 @@ Order: an optional warm-up pass (not recorded), then ``repeat`` passes; in each 
 run by every system in turn (baseline first), so load drift on a shared machine hits all systems alike.
 Pool drafters are rebuilt at the start of every pass, so a repeat never drafts from its own earlier
 transcript of the same file.
+
+Presets run in this process; each peer runs in its own worker process (:mod:`specli.bench.peer_worker`:
+CTranslate2's OpenMP pool beside torch's slowed both down), timed there around the same call. This
+process never imports faster-whisper or CTranslate2.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import time
@@ -24,7 +29,8 @@ from specli import __version__ as specli_version
 from specli.io.audio import SAMPLE_RATE, load_audio
 from specli.asr.pipeline import discover
 from specli.bench import wer
-from specli.bench.peers import MAX_SHORT_FORM_SECONDS, BenchError, Peer, PeerCannot, make_peer, parse_peer
+from specli.bench.peer_worker import PeerWorker, call_timeout
+from specli.bench.peers import MAX_SHORT_FORM_SECONDS, BenchError, PeerTarget, parse_peer
 from specli.bench.references import load_references
 from specli.bench.report import Bins, Run, Skip, SystemInfo, build_report
 from specli.bench.runlog import RunLog, read_runlog
@@ -37,9 +43,6 @@ from specli.errors import AudioError
 from specli.presets import Preset, load_preset
 
 Progress = Callable[[str], None]
-#: Exceptions a peer library may raise on one clip: that run is recorded as skipped (with the reason,
-#: in the report and through ``warn``) and the benchmark goes on.
-PEER_FAILURES = (RuntimeError, ValueError, OSError)
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,9 @@ class BenchOptions:
     task: Task = "transcribe"  # presets and peers alike: transcribe, or translate (X -> English)
     timestamps: bool | None = None  # timestamp tokens, presets and peers alike; None = only on clips over 30 s
     device: str | None = None  # every preset on this device (auto, cpu, cuda, cuda:N); None = each preset's
-    dtype: str | None = None  # every preset in this dtype (auto, float32, bfloat16, float16); None = each preset's
+    dtype: str | None = None  # every preset in this dtype (auto, float32, bfloat16, float16, int8); None = each preset's
     batch_sizes: tuple[int, ...] = ()  # throughput mode (specli.bench.throughput): these batch sizes; () = per file
+    peer_timeout: float | None = None  # seconds a peer call may take before its worker is stopped; None = 300 + 20/audio s
 
     def __post_init__(self) -> None:
         if not self.presets:
@@ -66,6 +70,8 @@ class BenchOptions:
             raise BenchError("repeat must be >= 1")
         if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or min(self.batch_sizes, default=1) < 1:
             raise BenchError("batch sizes must be positive integers in strictly ascending order")
+        if self.peer_timeout is not None and self.peer_timeout <= 0:
+            raise BenchError("the peer timeout must be positive")
         names = [parse_peer(p).name for p in self.peers]  # BenchError on an unknown peer or compute type
         if len(set(names)) < len(names):
             raise BenchError(f"peer(s) given twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
@@ -121,26 +127,23 @@ class PresetSystem:
 
 
 class PeerSystem:
-    """A peer implementation, timed around its whole transcription call."""
+    """A peer implementation in its own worker process, timed there around its whole transcription call."""
 
-    def __init__(self, peer: Peer, model: str, timestamps: bool | None) -> None:
-        self.peer, self.timestamps = peer, timestamps
-        self.info = SystemInfo(peer.name, "peer", model, dtype=peer.dtype)
+    def __init__(self, worker: PeerWorker, model: str, timestamps: bool | None, timeout: float | None) -> None:
+        self.worker, self.timestamps, self.timeout = worker, timestamps, timeout
+        info = worker.info or worker.ready()
+        self.batched = info.batched  # decodes several windows per forward: measured at every --batch-sizes entry
+        self.info = SystemInfo(info.name, "peer", model, dtype=info.dtype)
 
     def new_pass(self) -> None:
         pass
 
     def run(self, clip: Clip, repeat: int, language: str | None) -> Run | Skip:
-        t0 = time.perf_counter()
-        try:
-            text = self.peer.transcribe(clip.audio, language, clip.timestamps(self.timestamps))
-        except PeerCannot as exc:
-            return Skip(self.info.name, clip.path, repeat, clip.seconds, str(exc))
-        except PEER_FAILURES as exc:
-            reason = f"{self.info.name} failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            return Skip(self.info.name, clip.path, repeat, clip.seconds, reason)
-        return Run(self.info.name, clip.path, repeat, clip.seconds, time.perf_counter() - t0, text=text,
-                   language=language)
+        got = self.worker.transcribe(clip.path, clip.audio, language, clip.timestamps(self.timestamps),
+                                     call_timeout(clip.seconds, self.timeout))
+        if got.status != "ok":
+            return Skip(self.info.name, clip.path, repeat, clip.seconds, got.skip_reason(self.info.name))
+        return Run(self.info.name, clip.path, repeat, clip.seconds, got.seconds, text=got.texts[0], language=language)
 
 
 def build_systems(opts: BenchOptions) -> tuple[list[PresetSystem | PeerSystem], str]:
@@ -171,10 +174,34 @@ def build_systems(opts: BenchOptions) -> tuple[list[PresetSystem | PeerSystem], 
         p = replace(p, dtype=dtype_name(model.target.dtype), device=str(model.target.device))
         systems.append(PresetSystem(p, model, opts))
     base = systems[0]
-    for spec in opts.peers:
-        peer = make_peer(parse_peer(spec), base.model, opts.threads, opts.task)
-        systems.append(PeerSystem(peer, base.preset.model, opts.timestamps))
-    return systems, baseline
+    return systems + start_peers(opts, PeerTarget.of(base.model), base.preset.model), baseline
+
+
+def start_peers(opts: BenchOptions, target: PeerTarget, model: str) -> list[PeerSystem]:
+    """One worker process per peer, started together; each ready (peer built) or :class:`BenchError`."""
+    workers = [PeerWorker(parse_peer(spec), target, opts.threads, opts.task) for spec in opts.peers]
+    try:
+        for worker in workers:
+            worker.ready()
+    except BaseException:  # a peer that cannot start (or Ctrl-C): no worker is left behind
+        close_systems(workers)
+        raise
+    return [PeerSystem(w, model, opts.timestamps, opts.peer_timeout) for w in workers]
+
+
+def close_systems(systems: Sequence[PresetSystem | PeerSystem | PeerWorker]) -> None:
+    """Stop the peers' worker processes among ``systems`` (PeerSystem or PeerWorker; others are skipped)."""
+    for system in systems:
+        worker = system.worker if isinstance(system, PeerSystem) else system
+        if isinstance(worker, PeerWorker):
+            worker.close()
+
+
+def peer_processes(systems: Sequence[PresetSystem | PeerSystem]) -> dict:
+    """This process's id, and each peer worker's id and torch threads, for report.json."""
+    workers = {s.info.name: s.worker.info for s in systems if isinstance(s, PeerSystem)}
+    return {"pid": os.getpid(), "peers": {name: {"pid": w.pid, "torch_threads": w.torch_threads}
+                                          for name, w in workers.items() if w is not None}}
 
 
 def load_clips(inputs: Sequence[str]) -> tuple[list[Clip], list[str]]:
@@ -252,10 +279,10 @@ def machine_info(threads: int | None) -> dict:
         pass
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "transformers": transformers.__version__, "specli": specli_version}
-    for pkg in ("faster_whisper", "ctranslate2"):
-        try:
-            versions[pkg] = __import__(pkg).__version__
-        except ImportError:
+    for pkg, dist in (("faster_whisper", "faster-whisper"), ("ctranslate2", "ctranslate2")):
+        try:  # read from the installed metadata: importing them here would load CTranslate2's OpenMP pool
+            versions[pkg] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "threads": threads or torch.get_num_threads(),
@@ -277,15 +304,19 @@ def run_bench(inputs: Sequence[str], opts: BenchOptions, references: str | None 
         require_scoring()
     refs = load_references(references, [c.path for c in clips])
     systems, baseline = build_systems(opts)
-    started, t0 = datetime.now(timezone.utc), time.perf_counter()
-    header = {
-        "systems": [asdict(s.info) for s in systems], "baseline": baseline, "command": command,
-        "date": started.isoformat(timespec="seconds"), "options": asdict(opts), "bins": list(bins.edges),
-        "inputs": [c.path for c in clips], "input_errors": errors, "references": references,
-        "machine": {**machine_info(opts.threads), "loadavg_before": read_loadavg()},
-    }
-    log = RunLog(runs_path, header) if runs_path is not None else None
-    runs, skips = run_passes(systems, clips, opts, progress, on_record=log.add if log else None, warn=warn)
+    try:
+        started, t0 = datetime.now(timezone.utc), time.perf_counter()
+        header = {
+            "systems": [asdict(s.info) for s in systems], "baseline": baseline, "command": command,
+            "date": started.isoformat(timespec="seconds"), "options": asdict(opts), "bins": list(bins.edges),
+            "inputs": [c.path for c in clips], "input_errors": errors, "references": references,
+            "machine": {**machine_info(opts.threads), "processes": peer_processes(systems),
+                        "loadavg_before": read_loadavg()},
+        }
+        log = RunLog(runs_path, header) if runs_path is not None else None
+        runs, skips = run_passes(systems, clips, opts, progress, on_record=log.add if log else None, warn=warn)
+    finally:
+        close_systems(systems)
     return assemble_report(header, runs, skips, refs, bins, round(time.perf_counter() - t0, 1))
 
 

@@ -2,7 +2,9 @@
 
 Each system transcribes the whole clip set in one call per pass, as a user transcribes an archive:
 presets through :func:`specli.asr.pipeline.transcribe` (reading the files, ``batch_size`` windows decoded
-together), peers through ``transcribe_many`` (files read with the same loader inside the timed region).
+together), peers through ``transcribe_many`` in their worker processes (files read there with the same
+loader inside the timed region, timed in the worker; a peer that cannot, fails or whose worker is gone is
+recorded as skipped for that pass and batch size).
 Throughput = total audio seconds / wall seconds of that call. A preset and ``faster-whisper-batched``
 run at every batch size (a preset whose decoding cannot run batched only at 1; the report says why);
 a sequential peer (``hf``, ``faster-whisper``) once per pass, at batch size 1; the baseline always at
@@ -20,12 +22,12 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specli.io.audio import load_audio
 from specli.asr.pipeline import batch_size_for, transcribe
+from specli.bench.peer_worker import call_timeout
 from specli.bench.peers import BenchError
 from specli.bench.render import fmt, machine_lines, table, times
-from specli.bench.runner import (BenchOptions, Clip, PeerSystem, PresetSystem, build_systems, load_clips,
-                                 machine_info, read_loadavg, require_scoring)
+from specli.bench.runner import (BenchOptions, Clip, PeerSystem, PresetSystem, build_systems, close_systems,
+                                 load_clips, machine_info, peer_processes, read_loadavg, require_scoring)
 from specli.bench.references import load_references
 from specli.bench.wer import error_counts, normalize
 from specli.asr.strategies import Engine
@@ -82,11 +84,23 @@ def preset_archive(system: PresetSystem, clips: Sequence[Clip], timestamps: bool
     return texts, languages
 
 
+@dataclass(frozen=True)
+class ArchiveSkip:
+    """One system that could not transcribe the clip set once at one batch size (a peer), with the reason."""
+
+    system: str  # SystemInfo.name
+    batch_size: int  # windows decoded together
+    repeat: int  # 0-based measured pass (-1: warm-up)
+    reason: str  # why (PeerCannot's message, the library's error, or the worker that died or hung)
+
+
 def peer_archive(system: PeerSystem, clips: Sequence[Clip], timestamps: bool, batch_size: int,
-                 languages: Sequence[str | None]) -> list[str]:
-    """Texts of ``clips`` from a peer; the files are read inside the timed call, as the presets read them."""
-    audios = [load_audio(c.path) for c in clips]
-    return system.peer.transcribe_many(audios, languages, timestamps, batch_size)
+                 languages: Sequence[str | None]) -> tuple[list[str], float] | str:
+    """Texts of ``clips`` from a peer and the wall seconds its worker measured (the files read inside the
+    timed call, as the presets read them); or why it could not."""
+    got = system.worker.transcribe_files([c.path for c in clips], languages, timestamps, batch_size,
+                                         call_timeout(sum(c.seconds for c in clips), system.timeout))
+    return (list(got.texts), got.seconds) if got.status == "ok" else got.skip_reason(system.info.name)
 
 
 def plan(systems: Sequence[System], baseline: str,
@@ -101,7 +115,7 @@ def plan(systems: Sequence[System], baseline: str,
     for system in systems:
         name = system.info.name
         if isinstance(system, PeerSystem):
-            sizes[name] = list(batch_sizes) if system.peer.batched else [1]
+            sizes[name] = list(batch_sizes) if system.batched else [1]
             continue
         wanted = sorted(set(batch_sizes) | ({1} if name == baseline else set()))
         sizes[name] = []
@@ -115,8 +129,10 @@ def plan(systems: Sequence[System], baseline: str,
 
 
 def run_archives(systems: Sequence[System], sizes: Mapping[str, Sequence[int]], baseline: str,
-                 clips: Sequence[Clip], opts: BenchOptions, progress: Progress | None = None) -> list[ArchiveRun]:
-    """Warm-up, then ``opts.repeat`` passes of every (system, batch size in ``sizes``) over all clips."""
+                 clips: Sequence[Clip], opts: BenchOptions, progress: Progress | None = None,
+                 warn: Progress | None = None) -> tuple[list[ArchiveRun], list[ArchiveSkip]]:
+    """Warm-up, then ``opts.repeat`` passes of every (system, batch size in ``sizes``) over all clips;
+    the measured runs, and the skips (``warn`` gets one line each, warm-up included)."""
     import torch
 
     if opts.threads:
@@ -125,18 +141,25 @@ def run_archives(systems: Sequence[System], sizes: Mapping[str, Sequence[int]], 
     every = sorted({b for bs in sizes.values() for b in bs})
     languages: list[str | None] = [opts.language] * len(clips)
     runs: list[ArchiveRun] = []
+    skips: list[ArchiveSkip] = []
     for rep in ([-1] if opts.warmup else []) + list(range(opts.repeat)):
         subset = list(clips[:max(every)]) if rep < 0 else list(clips)
         label = "warm-up" if rep < 0 else f"pass {rep + 1}/{opts.repeat}"
         for b in every:
             for system in (s for s in systems if b in sizes[s.info.name]):
-                t0 = time.perf_counter()
                 if isinstance(system, PresetSystem):
+                    t0 = time.perf_counter()
                     texts, langs = preset_archive(system, subset, timestamps, b)
+                    wall = time.perf_counter() - t0
                 else:
                     langs = languages[:len(subset)]
-                    texts = peer_archive(system, subset, timestamps, b, langs)
-                wall = time.perf_counter() - t0
+                    got = peer_archive(system, subset, timestamps, b, langs)
+                    if isinstance(got, str):
+                        skips.append(ArchiveSkip(system.info.name, b, rep, got))
+                        if warn is not None:
+                            warn(f"{system.info.name} skipped batch size {b} ({label}): {got}")
+                        continue
+                    texts, wall = got
                 if system.info.name == baseline and b == 1:
                     languages[:len(langs)] = langs  # peers reuse the baseline's languages (it runs first)
                 if progress is not None:
@@ -144,7 +167,7 @@ def run_archives(systems: Sequence[System], sizes: Mapping[str, Sequence[int]], 
                 if rep >= 0:
                     runs.append(ArchiveRun(system.info.name, b, rep, sum(c.seconds for c in subset), wall,
                                            tuple(c.path for c in subset), tuple(texts), tuple(langs)))
-    return runs
+    return runs, [s for s in skips if s.repeat >= 0]
 
 
 def _median_run(runs: Sequence[ArchiveRun]) -> ArchiveRun:
@@ -213,8 +236,9 @@ def markdown_section(rows: Sequence[dict], baseline: str) -> list[str]:
 
 
 def run_throughput(inputs: Sequence[str], opts: BenchOptions, references: str | None = None,
-                   progress: Progress | None = None, command: str = "") -> dict:
-    """Measure every (system, batch size) over the clip set and return the report (tables, machine, run)."""
+                   progress: Progress | None = None, command: str = "", warn: Progress | None = None) -> dict:
+    """Measure every (system, batch size) over the clip set and return the report (tables, machine, run);
+    ``warn`` gets a line per skipped (peer, batch size, pass)."""
     clips, errors = load_clips(inputs)
     if not clips:
         raise BenchError("no readable audio among the inputs" + (": " + "; ".join(errors) if errors else ""))
@@ -222,17 +246,21 @@ def run_throughput(inputs: Sequence[str], opts: BenchOptions, references: str | 
         require_scoring()
     refs = load_references(references, [c.path for c in clips])
     systems, baseline = build_systems(opts)
-    started, t0 = datetime.now(timezone.utc), time.perf_counter()
-    machine = {**machine_info(opts.threads), "loadavg_before": read_loadavg()}
-    sizes, left_out = plan(systems, baseline, opts.batch_sizes)
-    for row in left_out:
-        if progress is not None:
-            progress(f"{row['system']} not measured at batch size {row['batch_size']}: {row['reason']}")
-    runs = run_archives(systems, sizes, baseline, clips, opts, progress)
+    try:
+        started, t0 = datetime.now(timezone.utc), time.perf_counter()
+        machine = {**machine_info(opts.threads), "processes": peer_processes(systems),
+                   "loadavg_before": read_loadavg()}
+        sizes, left_out = plan(systems, baseline, opts.batch_sizes)
+        for row in left_out:
+            if progress is not None:
+                progress(f"{row['system']} not measured at batch size {row['batch_size']}: {row['reason']}")
+        runs, skips = run_archives(systems, sizes, baseline, clips, opts, progress, warn)
+    finally:
+        close_systems(systems)
     return {
         "baseline": baseline, "systems": [asdict(s.info) for s in systems],
         "throughput": throughput_table(runs, baseline, refs), "left_out": left_out,
-        "runs": [asdict(r) for r in runs],
+        "skipped": [asdict(s) for s in skips], "runs": [asdict(r) for r in runs],
         "machine": {**machine, "loadavg_after": read_loadavg()},
         "run": {"command": command, "date": started.isoformat(timespec="seconds"),
                 "elapsed_seconds": round(time.perf_counter() - t0, 1), "options": asdict(opts),
@@ -257,6 +285,9 @@ def write_throughput_report(report: dict, out_dir: Path) -> list[Path]:
         lines += ["Not measured (the preset's decoding does not run batched; it would run one file at a time):", "",
                   *[f"- `{x['system']}` at batch size {x['batch_size']}: {x['reason']}" for x in report["left_out"]],
                   ""]
+    if report.get("skipped"):
+        lines += ["## Skipped runs", "", *table(["system", "batch", "pass", "skipped: reason"], [
+            [x["system"], x["batch_size"], x["repeat"] + 1, x["reason"]] for x in report["skipped"]])]
     if r["input_errors"]:
         lines += ["## Inputs that could not be read", "", *[f"- {e}" for e in r["input_errors"]], ""]
     write_atomic(out_dir / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")

@@ -52,7 +52,12 @@ def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--peers", default="", callback=_csv,
               help=f"Comma-separated peers: {', '.join(PEERS)}; a faster-whisper peer takes a CTranslate2 compute "
               f"type after a colon ({', '.join(COMPUTE_TYPES)}), e.g. faster-whisper:int8  [default compute type: "
-              "the presets' dtype where CTranslate2 has it, else float32]")
+              "the presets' dtype where CTranslate2 has it, else float32]. Each peer runs in its own worker "
+              "process (its library's thread pool never shares the presets' process).")
+@click.option("--peer-timeout", "peer_timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="A peer call (one file; with --batch-sizes the whole set) that takes longer stops the peer's "
+              "worker: that run and the peer's later ones are skipped, with the reason.  [default: 300 s + 20 s "
+              "per audio second]")
 @click.option("--references", help="'sidecar' (.txt beside each clip) or a TSV manifest path<TAB>text.")
 @click.option("--repeat", type=click.IntRange(1), default=3, show_default=True, help="Measured passes.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="One unrecorded pass first.")
@@ -72,14 +77,14 @@ def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--from-runs", "from_runs", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help=f"Measure nothing: build the report again from a {RUNS_NAME} an earlier run wrote.")
 @click.option("--device", help="Run every preset (and peer) on: auto, cpu, cuda, cuda:N (default: each preset's).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]),
               help="Every preset in this dtype (default: each preset's, auto: bfloat16 on CPUs with native bf16 "
-              "(AVX512-BF16 / AMX), float32 on other CPUs, float16 on CUDA).")
+              "(AVX512-BF16 / AMX), float32 on other CPUs, float16 on CUDA; int8: weight-only int8 decoder, CPU).")
 @click.option("--batch-sizes", "batch_sizes", callback=_batch_sizes, metavar="N,N,...",
               help="Throughput mode: every system transcribes the whole input set at each batch size (e.g. "
               "1,2,4,8,16); reports audio seconds per wall second and speedup vs AR.")
-def bench(inputs, presets, baseline, peers, references, repeat, warmup, threads, language, task, timestamps, bins,
-          plots, out, quiet, from_runs, device, dtype, batch_sizes) -> None:
+def bench(inputs, presets, baseline, peers, peer_timeout, references, repeat, warmup, threads, language, task,
+          timestamps, bins, plots, out, quiet, from_runs, device, dtype, batch_sizes) -> None:
     """Speedup report of presets (and peers) against a baseline on the same inputs, interleaved.
 
     Every measured run is written to OUT/runs.jsonl as it finishes, before the report is built."""
@@ -105,7 +110,7 @@ def bench(inputs, presets, baseline, peers, references, repeat, warmup, threads,
         except BenchError as exc:
             raise click.BadParameter(str(exc), param_hint="--peers") from None
     opts = BenchOptions(tuple(presets), baseline, tuple(peers), repeat, warmup, threads, language, task,
-                        timestamps, device, dtype, batch_sizes)
+                        timestamps, device, dtype, batch_sizes, peer_timeout)
     progress = None if quiet else (lambda line: click.echo(line, err=True))
     argv = (sys.argv if Path(sys.argv[0]).name == "specli"
             else ["specli", "bench", *inputs, "--presets", ",".join(presets)])
@@ -117,8 +122,7 @@ def bench(inputs, presets, baseline, peers, references, repeat, warmup, threads,
     runs_path = out / RUNS_NAME
     edges = Bins() if bins is None else Bins(bins)
     with report_interrupt(lambda: _runs_kept(runs_path)):
-        report = run_bench(inputs, opts, references, edges, progress, command, runs_path,
-                           warn=lambda line: click.echo(f"warning: {line}", err=True))
+        report = run_bench(inputs, opts, references, edges, progress, command, runs_path, warn=_warn)
     _finish(report, out, plots, runs_path)
 
 
@@ -133,13 +137,21 @@ def _runs_kept(runs_path: Path) -> str:
     return f"{n} measured run(s) kept in {runs_path}; `specli bench --from-runs {runs_path}` reports them"
 
 
+def _warn(line: str) -> None:
+    """A skipped run, as it happens (never silent, even with --quiet)."""
+    click.echo(f"warning: {line}", err=True)
+
+
 def _bench_throughput(inputs, opts: BenchOptions, references, progress, command: str, out: Path) -> None:
     """--batch-sizes: whole-set throughput per (system, batch size); report.json and report.md."""
-    report = run_throughput(inputs, opts, references, progress, command)
+    report = run_throughput(inputs, opts, references, progress, command, _warn)
     written = write_throughput_report(report, out)
     for row in report["throughput"]:
         click.echo(f"{row['system']:32s} batch {row['batch_size']:3d}  {row['throughput']:7.2f} audio s/s  "
                    f"{row['speedup_vs_ar']:.2f}x vs AR b=1", err=True)
+    if report["skipped"]:
+        click.echo(f"warning: {len(report['skipped'])} peer run(s) skipped; see 'Skipped runs' in "
+                   f"{out / 'report.md'}", err=True)
     click.echo(f"wrote {', '.join(str(p) for p in written)}", err=True)
 
 

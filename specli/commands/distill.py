@@ -77,7 +77,7 @@ def check_family_flags(preset_name: str, flags: dict[str, tuple[str, ...]]) -> b
 @click.option("--task", type=click.Choice(["transcribe", "translate"]), default="transcribe", show_default=True,
               help="Whisper presets: label with the target's own transcribe or translate (X -> English) decode.")
 @click.option("--language", help="Whisper presets: the audio's language code or name (omit: detected per file).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]),
               help="Whisper presets: the target's dtype while labelling (default: the preset's).")
 @click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
               help="Whisper presets: files decoded together (batched greedy decoding: the same labels, more "
@@ -138,7 +138,7 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size
               "synthesis presets take one).")
 @click.option("--val-windows", type=click.IntRange(1), default=16, show_default=True,
               help="Whisper presets: held-out windows decoded per validation.")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]),
               help="Whisper presets: the target's dtype (default: the preset's; the labels' dtype validates "
               "losslessly).")
 @click.option("--epochs", type=click.IntRange(1), help="Passes over the data (default 1; synthesis presets 10).")
@@ -206,7 +206,7 @@ def train(data_dirs, preset_name, out, val_dirs, val_windows, dtype, epochs, ste
 @click.option("--head", help="EAGLE head directory or shipped name (default: the preset's head).")
 @click.option("--windows", type=click.IntRange(1), default=16, show_default=True, help="Windows decoded per directory.")
 @click.option("--max-draft", type=click.IntRange(1, 24), default=8, show_default=True, help="Draft length (chain).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]),
               help="The target's dtype (default: the preset's; use the labels' dtype for 0 mismatches).")
 def evaluate(val_dirs, preset_name, head, windows, max_draft, dtype) -> None:
     """Acceptance length of an EAGLE head on each of VAL_DIRS (`distill data` shards, e.g. one per language

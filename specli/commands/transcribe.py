@@ -58,9 +58,10 @@ OPTIONS = [
                       f"per file. Default {DEFAULT_BATCH_SIZE} (fastest measured on 2-core CPUs), or 1 for a preset "
                       "whose drafter cannot batch (an explicit N > 1 then warns)."),
     click.option("--device", help="auto (CUDA when available), cpu, cuda or cuda:N (default: the preset's, auto)."),
-    click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]),
                  help="Override the preset's dtype (auto: bfloat16 on CPUs with native bf16 (AVX512-BF16 / AMX), "
-                 "float32 on other CPUs, float16 on CUDA)."),
+                 "float32 on other CPUs, float16 on CUDA; int8: weight-only int8 decoder on the CPU, its own lossless "
+                 "reference like bf16)."),
     click.option("--timestamps/--no-timestamps", default=True, show_default=True),
     click.option("--compile-encoder", is_flag=True, help="torch.compile the encoder (tens of seconds once)."),
     click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when a terminal)."),

@@ -5,6 +5,12 @@ is float16 on CUDA; on the CPU it is bfloat16 where the CPU computes bf16 native
 AMX-BF16, which oneDNN uses: whisper-base AR runs about 2x faster than in float32 at the same WER) and
 float32 elsewhere (emulated bf16 is slower than float32). fp16 and bf16 are each their own greedy
 reference: a speculative output is identical to plain greedy decoding in the same dtype, not to float32.
+
+``int8`` (CPU only, asked for by name) is weight-only int8: a Whisper decoder's matrices and its tied vocabulary
+projection int8 with per-output-channel scales, activations and the encoder in :func:`activation_dtype` (bfloat16
+on native-bf16 CPUs). It is its own reference too. ``auto`` never picks it: its kernel is faster than bf16 at one
+row (an AR decode step: whisper-base 1.2x, tiny.en 1.75x decoder tokens/s) but slower from about 4 rows, which
+speculative verification and batched decoding score (``benchmarks/bench_int8.py``, ``docs/benchmarks/dtype-int8``).
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ import torch
 from specli.errors import UsageError
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")  # what --device accepts (N a CUDA device index)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# int8: weight-only int8 (torch.int8 names it; activations in activation_dtype), CPU only
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
 DTYPE_CHOICES = ("auto", *DTYPES)
 
 _SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -82,12 +89,27 @@ def auto_dtype(device: torch.device, native_bf16: bool | None = None) -> torch.d
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``dtype`` by name; ``auto`` is :func:`auto_dtype` (float16 on CUDA, bf16 or float32 on the CPU)."""
+    """``dtype`` by name; ``auto`` is :func:`auto_dtype` (float16 on CUDA, bf16 or float32 on the CPU).
+    :class:`UsageError` for ``int8`` off the CPU (its kernel is ATen's CPU one)."""
     if dtype == "auto":
         return auto_dtype(device)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPE_CHOICES)}, not {dtype!r}")
+    if DTYPES[dtype] == torch.int8 and device.type != "cpu":
+        raise UsageError(f"dtype 'int8' (weight-only int8) runs on the CPU only, not on {device}")
     return DTYPES[dtype]
+
+
+def activation_dtype(dtype: torch.dtype, native_bf16: bool | None = None) -> torch.dtype:
+    """What a model of numeric type ``dtype`` computes its activations in: ``dtype`` itself, except for int8
+    (weight-only): bfloat16 where the CPU has native bf16 (``native_bf16``; None = this machine's), else
+    float32. Its int8 kernel reads bf16 activations either way (widened by a shift, no native bf16 needed): the
+    kernel's own float32 variant measured 8-30x slower (``benchmarks/bench_int8.py``)."""
+    if dtype != torch.int8:
+        return dtype
+    if native_bf16 is None:
+        native_bf16 = cpu_native_bf16()
+    return torch.bfloat16 if native_bf16 else torch.float32
 
 
 def dtype_name(dtype: torch.dtype) -> str:

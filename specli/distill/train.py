@@ -187,7 +187,7 @@ def validate(head: SpeechDraftHead, model: WhisperModel, windows: list[dict], ma
         tokens, plen = w["tokens"].tolist(), int(w["plen"])
         prompt = tokens[:plen]
         rules = WhisperLogitRules.for_model(sp, timestamps=prompt[-1] != sp.no_timestamps)
-        state = target.start(w["audio"][None].to(target.dtype))
+        state = target.start(w["audio"][None].to(target.compute_dtype))
         max_new = min(224, target.dims.text_ctx - plen)
         job = DecodeJob(tuple(prompt), rules, sp.eot, max_new)
         res = speculative_decode(target, state, job, drafter, SpecOptions(max_draft=max_draft))

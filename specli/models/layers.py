@@ -1,5 +1,6 @@
 """Small building blocks of the lean targets: a linear layer with a CPU fast path, layer norm
-over ``(weight, bias)`` pairs, cross-attention, and (for drafters) an int8 weight-only linear layer.
+over ``(weight, bias)`` pairs, cross-attention, and int8 linear layers: weight-only (drafters and the int8
+Whisper decoder) and W8A8 with dynamic activation quantisation (VNNI; measured, not used by a target).
 
 CPU fast path (issue "CPU fast path"; numbers from the 2-vCPU Zen4 machines, 2 threads, in
 ``benchmarks/bench_decoder_step.py``): plain ``F.linear`` (MKL ``x·Wᵀ``) runs one row
@@ -136,27 +137,91 @@ class Int8Linear:
     bfloat16), int8 weights with one scale per output channel (:func:`quantize_int8`).
 
     On the CPU it runs ATen's ``_weight_int8pack_mm`` (gpt-fast's int8 weight-only kernel) when the input
-    width is a multiple of 32: half the bytes of a bf16 matrix streamed per call. For drafters only
-    (a draft's rounding never changes lossless output); targets keep :class:`Linear`. Elsewhere (or
-    without the kernel) it computes :func:`int8_linear_reference`, which tests compare it with.
+    width is a multiple of 32: half the bytes of a bf16 matrix streamed per call. The kernel computes in
+    ``kernel_dtype`` (default ``dtype``): its bfloat16 variant is vectorised (it widens bf16 to float32 by a
+    shift, so it needs no native bf16), its float32 variant measured 8-30x slower on the 2-vCPU EPYC machines
+    (``benchmarks/bench_int8.py``), so float32 activations may pass ``kernel_dtype=torch.bfloat16``: the
+    input is rounded to bf16 and the result widened back. Each output row depends only on its own input row
+    (float32 accumulation in the same order whatever the number of rows: ``tests/test_int8_exact.py``), which
+    the int8 Whisper target's lossless verification relies on. Its cost grows with the rows (one weight pass
+    per row): faster than packed bf16 at one row (a decode step), slower from about 4 rows
+    (``benchmarks/bench_int8.py``). Elsewhere (or without the kernel) it computes :func:`int8_linear_reference`,
+    which tests compare it with.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+                 kernel_dtype: torch.dtype | None = None) -> None:
         self.out_features, self.in_features = weight.shape
         self.dtype = dtype
+        self.kernel_dtype = kernel_dtype or dtype  # the dtype the kernel reads and writes activations in
         self.q, scales = quantize_int8(weight)  # [out, in] int8, [out] float32
-        self.scales = scales.to(dtype)  # the kernel takes its scales in the activations' dtype
+        self.scales = scales.to(self.kernel_dtype)  # the kernel takes its scales in its activations' dtype
         self.bias = None if bias is None else bias.detach().to(dtype).contiguous()  # [out] or None
         # the bf16 kernel returned garbage for 24 / 40 input features (multiples of 16 were right): multiples of 32 only
-        self.fast = _INT8_KERNEL and weight.device.type == "cpu" and dtype in _PACKABLE and self.in_features % 32 == 0
+        self.fast = (_INT8_KERNEL and weight.device.type == "cpu" and self.kernel_dtype in _PACKABLE
+                     and self.in_features % 32 == 0)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantised ``[out, in]`` weight ``q * scales`` in ``dtype`` (a fresh tensor)."""
+        return (self.q.float() * self.scales.float()[:, None]).to(self.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if not self.fast or x.dtype != self.dtype:
-            return int8_linear_reference(x, self.q, self.scales, self.bias)
-        x2 = x.reshape(-1, self.in_features).contiguous()
+            return int8_linear_reference(x.to(self.kernel_dtype), self.q, self.scales, self.bias).to(x.dtype)
+        x2 = x.reshape(-1, self.in_features).to(self.kernel_dtype).contiguous()
         if x2.shape[0] == 0:
             return x.new_empty(*x.shape[:-1], self.out_features)
-        y = torch.ops.aten._weight_int8pack_mm(x2, self.q, self.scales)
+        y = torch.ops.aten._weight_int8pack_mm(x2, self.q, self.scales).to(self.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8 of activations ``x [m, in]``: ``(xq [m, in] int8, scales [m, 1] float32)`` with
+    ``x ~= xq * scales`` (a zero row gets scale 1). Each row's result depends on that row alone."""
+    xf = x.float()
+    scales = xf.abs().amax(dim=1, keepdim=True) / 127.0
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    return (xf / scales).round_().clamp_(-127, 127).to(torch.int8), scales
+
+
+def dynamic_int8_linear_reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
+                                  bias: torch.Tensor | None) -> torch.Tensor:
+    """Pure-torch reference of :class:`DynamicInt8Linear`: rows of ``x`` quantised by :func:`quantize_rows`, the
+    integer products summed exactly in float64, scaled back in float32, plus ``b``; in ``x``'s dtype."""
+    x2 = x.reshape(-1, x.shape[-1])
+    xq, xs = quantize_rows(x2)
+    acc = (xq.double() @ q.double().T).float()  # [m, out] exact: |sum| <= in * 127^2 < 2^53
+    y = acc * (xs * scales.float()[None, :])
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype).view(*x.shape[:-1], q.shape[0])
+
+
+class DynamicInt8Linear:
+    """int8 x int8 linear layer with dynamic activation quantisation (W8A8): weights as :class:`Int8Linear`
+    (per output channel), each input row quantised to int8 at call time (:func:`quantize_rows`), the integer
+    product summed in int32 by ``torch._int_mm`` (oneDNN's s8s8 GEMM: AVX512-VNNI / AMX where the CPU has it),
+    then ``acc * row_scale * channel_scale + b``. Integer sums are exact, so every row is independent of the
+    others. Candidate for the encoder's 1,500-row GEMMs; the target does not use it: with its quantisation
+    passes it measured no faster than oneDNN's packed bf16 GEMM here and less exact (``benchmarks/bench_int8.py``).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.q, self.scales = quantize_int8(weight)  # [out, in] int8, [out] float32
+        self._qt = self.q.T  # [in, out] a transposed view: _int_mm's oneDNN path took it fastest
+        self.bias = None if bias is None else bias.detach().float().contiguous()  # [out] or None
+        self.fast = hasattr(torch, "_int_mm") and weight.device.type == "cpu"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out], in x's dtype
+        if not self.fast:
+            return dynamic_int8_linear_reference(x, self.q, self.scales, self.bias)
+        xq, xs = quantize_rows(x.reshape(-1, self.in_features))
+        acc = torch._int_mm(xq, self._qt)  # [m, out] int32
+        y = acc.float().mul_(xs).mul_(self.scales)
+        if self.bias is not None:
+            y = y.add_(self.bias)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)

@@ -21,7 +21,7 @@ DEFAULT_PRESET = "whisper-eagle-asr"
 
 Strategy = Literal["ar", "chain", "adaptive", "recycling", "sparse-tree", "dynamic-tree"]
 DrafterKind = Literal["none", "pool", "model", "cross-tokenizer", "eagle"]
-DType = Literal["auto", "float32", "bfloat16", "float16"]  # auto: core.device.auto_dtype (bf16 on native-bf16 CPUs)
+DType = Literal["auto", "float32", "bfloat16", "float16", "int8"]  # auto: core.device.auto_dtype; int8: CPU weight-only
 HeadWeights = Literal["auto", "int8", "float"]  # auto: int8 on the CPU, float elsewhere
 DraftLength = Literal["fixed", "goodput"]  # specli.core.goodput
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")

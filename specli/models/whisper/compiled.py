@@ -86,7 +86,8 @@ def compile_encoder(target: WhisperTarget) -> CompiledEncoder:
     module = EncoderModule(target).eval()
     # freezing: weights are constants, which inductor packs for its own kernels (this compile only)
     fn = torch.compile(module, dynamic=False, options={"freezing": True})
-    mel = torch.zeros(1, target.dims.n_mels, 2 * target.dims.audio_ctx, dtype=target.dtype, device=target.device)
+    mel = torch.zeros(1, target.dims.n_mels, 2 * target.dims.audio_ctx, dtype=target.compute_dtype,
+                      device=target.device)
     start = time.perf_counter()
     with torch.inference_mode():
         fn(mel)

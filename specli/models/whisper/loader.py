@@ -32,7 +32,8 @@ class WhisperModel:
 def load_whisper(name_or_path: str, dtype: str = "float32", compile_encoder: bool = False,
                  device: str | torch.device = "cpu") -> WhisperModel:
     """Resolve, verify and load a Whisper model onto ``device`` (``auto``, ``cpu``, ``cuda[:N]``);
-    ``dtype`` is ``float32``, ``bfloat16``, ``float16`` or ``auto`` (:func:`specli.core.device.auto_dtype`);
+    ``dtype`` is ``float32``, ``bfloat16``, ``float16``, ``int8`` (weight-only int8 decoder, CPU) or ``auto``
+    (:func:`specli.core.device.auto_dtype`);
     ``compile_encoder`` compiles the encoder with ``torch.compile`` now (see ``target.compiled_encoder``)."""
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {['auto', *DTYPES]}, not {dtype!r}")

@@ -21,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from specli.core.device import activation_dtype
 from specli.core.kv_cache import KVCache, RaggedKVCache
 from specli.core.types import HiddenStates, ScoreOutput
 from specli.models.whisper.compiled import CompiledEncoder, compile_encoder
-from specli.models.layers import Linear, cross_attention, cross_kv_dtype, layer_norm
+from specli.models.layers import Int8Linear, Linear, cross_attention, cross_kv_dtype, layer_norm
 
 N_FRAMES = 3000  # mel frames in one 30-second window
 
@@ -96,27 +97,40 @@ def _read_alignment_heads(path: Path, dims: WhisperDims) -> tuple[tuple[int, int
     return tuple((int(layer), int(head)) for layer, head in heads)
 
 
-def _attn_proj(w: dict, prefix: str, dtype: torch.dtype) -> dict[str, Linear]:
+def _int8(w: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> Int8Linear:
+    """Weight-only int8 layer ``prefix`` of the float32 weights ``w``, activations in ``dtype``; the kernel runs
+    in bfloat16 either way (its float32 variant measured 8-30x slower: ``layers.Int8Linear``)."""
+    bias = w.get(f"{prefix}.bias")
+    return Int8Linear(w[f"{prefix}.weight"], None if bias is None else bias.float(), dtype,
+                      kernel_dtype=torch.bfloat16)
+
+
+def _attn_proj(w: dict, prefix: str, dtype: torch.dtype, int8: dict | None = None) -> dict[str, Linear | Int8Linear]:
+    """q, k, v, out projections; with ``int8`` (the float32 weights) q and out are int8, and k, v too unless this
+    is cross-attention (its k, v run once a window over 1,500 rows, where oneDNN's float GEMM is faster)."""
+    cross = prefix.endswith("encoder_attn")
     return {
-        name: Linear.from_weights(w, f"{prefix}.{name}_proj", dtype)
+        name: _int8(int8, f"{prefix}.{name}_proj", dtype) if int8 is not None and not (cross and name in ("k", "v"))
+        else Linear.from_weights(w, f"{prefix}.{name}_proj", dtype)
         for name in ("q", "k", "v", "out")
     }
 
 
 class _Block:
-    """One pre-norm Transformer block (self-attention, optional cross-attention, MLP)."""
+    """One pre-norm Transformer block (self-attention, optional cross-attention, MLP); ``int8`` (the float32
+    weights) makes its matrices weight-only int8 (all but cross-attention's k, v)."""
 
-    def __init__(self, w: dict, prefix: str, dtype: torch.dtype, cross: bool) -> None:
-        self.self_attn = _attn_proj(w, f"{prefix}.self_attn", dtype)
+    def __init__(self, w: dict, prefix: str, dtype: torch.dtype, cross: bool, int8: dict | None = None) -> None:
+        self.self_attn = _attn_proj(w, f"{prefix}.self_attn", dtype, int8)
         self.self_ln = (w[f"{prefix}.self_attn_layer_norm.weight"], w[f"{prefix}.self_attn_layer_norm.bias"])
-        self.cross_attn = _attn_proj(w, f"{prefix}.encoder_attn", dtype) if cross else None
+        self.cross_attn = _attn_proj(w, f"{prefix}.encoder_attn", dtype, int8) if cross else None
         if cross:
             self.cross_ln = (
                 w[f"{prefix}.encoder_attn_layer_norm.weight"],
                 w[f"{prefix}.encoder_attn_layer_norm.bias"],
             )
-        self.fc1 = Linear.from_weights(w, f"{prefix}.fc1", dtype)
-        self.fc2 = Linear.from_weights(w, f"{prefix}.fc2", dtype)
+        self.fc1, self.fc2 = (Linear.from_weights(w, f"{prefix}.{n}", dtype) if int8 is None
+                              else _int8(int8, f"{prefix}.{n}", dtype) for n in ("fc1", "fc2"))
         self.final_ln = (w[f"{prefix}.final_layer_norm.weight"], w[f"{prefix}.final_layer_norm.bias"])
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,26 +147,61 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, n, h * d)
 
 
+def _exact_keys(mask: torch.Tensor, tree: bool) -> list[int | torch.Tensor] | None:
+    """Per row of a score, the cache slots it attends to, for row-by-row attention (``_decoder_block``): a chain's
+    row r its first ``start + r + 1`` slots (an int), a tree's row its prefix and ancestors (slot indices, in
+    order: the slots its root-to-node path holds after ``cache.compact``, where one-token steps would see them).
+    None where rows differ in mask (a ragged batch): masked SDPA then."""
+    if mask.shape[0] != 1:
+        return None
+    if not tree:
+        n = mask.shape[2]
+        start = mask.shape[3] - n
+        return [start + r + 1 for r in range(n)]
+    return [row.nonzero()[:, 0] for row in mask[0, 0]]
+
+
+def _keys(k: torch.Tensor, v: torch.Tensor, keys: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values ``[B, H, *, D]`` one row attends to (see :func:`_exact_keys`)."""
+    if isinstance(keys, int):
+        return k[:, :, :keys], v[:, :, :keys]
+    return k.index_select(2, keys), v.index_select(2, keys)
+
+
 class WhisperTarget:
-    """Whisper encoder + cached decoder. Stateless apart from its weights."""
+    """Whisper encoder + cached decoder. Stateless apart from its weights.
+
+    ``dtype`` is the numeric type as presets name it. ``torch.int8`` is weight-only int8 (CPU): every decoder
+    matrix but cross-attention's k, v, and the tied vocabulary projection, int8 with per-output-channel scales
+    (``layers.Int8Linear``); activations, caches and the encoder in ``compute_dtype``
+    (``core.device.activation_dtype``: bfloat16 on native-bf16 CPUs). The encoder stays float: an int8 encoder
+    with dynamically quantised activations was no faster here and much less exact (``benchmarks/bench_int8.py``).
+    """
 
     def __init__(self, dims: WhisperDims, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
         self.dims = dims
-        self.dtype = dtype
+        self.dtype = dtype  # numeric type as presets name it (torch.int8: weight-only int8 decoder)
+        self.compute_dtype = activation_dtype(dtype)  # activations, caches, encoder and float matrices
         self.device = torch.device(device)  # where weights, caches and every decode tensor live
         self.alignment_heads = default_alignment_heads(dims)  # (layer, head) pairs for word timing
-        w = {k: (v.to(self.device, dtype) if v.is_floating_point() else v.to(self.device)) for k, v in weights.items()}
+        cdt = self.compute_dtype
+        w = {k: (v.to(self.device, cdt) if v.is_floating_point() else v.to(self.device)) for k, v in weights.items()}
+        # int8: quantised from the float32 weights (not from their compute-dtype rounding)
+        raw = {k: v.to(self.device) for k, v in weights.items()} if dtype == torch.int8 else None
         self.conv1 = (w["model.encoder.conv1.weight"], w["model.encoder.conv1.bias"])
         self.conv2 = (w["model.encoder.conv2.weight"], w["model.encoder.conv2.bias"])
         self.enc_pos = w["model.encoder.embed_positions.weight"]  # [audio_ctx, d]
-        self.enc_blocks = [_Block(w, f"model.encoder.layers.{i}", dtype, False) for i in range(dims.encoder_layers)]
+        self.enc_blocks = [_Block(w, f"model.encoder.layers.{i}", cdt, False) for i in range(dims.encoder_layers)]
         self.enc_ln = (w["model.encoder.layer_norm.weight"], w["model.encoder.layer_norm.bias"])
         self.embed = w["model.decoder.embed_tokens.weight"]  # [vocab, d]
         self.dec_pos = w["model.decoder.embed_positions.weight"]  # [text_ctx, d]
-        self.dec_blocks = [_Block(w, f"model.decoder.layers.{i}", dtype, True) for i in range(dims.decoder_layers)]
+        self.dec_blocks = [_Block(w, f"model.decoder.layers.{i}", cdt, True, raw) for i in range(dims.decoder_layers)]
         self.dec_ln = (w["model.decoder.layer_norm.weight"], w["model.decoder.layer_norm.bias"])
-        self.proj_out = Linear(w.get("proj_out.weight", self.embed), None)
+        head = "proj_out.weight" if "proj_out.weight" in weights else "model.decoder.embed_tokens.weight"
+        self.proj_out = Linear(w[head], None) if raw is None else _int8(raw, head.removesuffix(".weight"), cdt)
+        # a verified chain scored row by row as one-token steps score it (bf16 rounding, int8's bf16 kernel input)
+        self.exact_rows = cdt == torch.bfloat16 or dtype == torch.int8
         self.mid_layer = (dims.decoder_layers - 1) // 2
         self.compiled_encoder: CompiledEncoder | None = None  # set by compile_encoder(); None = eager
 
@@ -175,8 +224,8 @@ class WhisperTarget:
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """Encoder forward: ``mel [B, n_mels, 3000]`` -> ``[B, audio_ctx, d_model]``."""
         if self.compiled_encoder is not None:
-            return self.compiled_encoder.fn(mel.to(self.device, self.dtype))
-        x = F.gelu(F.conv1d(mel.to(self.device, self.dtype), *self.conv1, padding=1))
+            return self.compiled_encoder.fn(mel.to(self.device, self.compute_dtype))
+        x = F.gelu(F.conv1d(mel.to(self.device, self.compute_dtype), *self.conv1, padding=1))
         x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1))
         x = x.transpose(1, 2) + self.enc_pos[: x.shape[2]]
         heads = self.dims.encoder_heads
@@ -193,12 +242,11 @@ class WhisperTarget:
         self, audio_features: torch.Tensor, max_len: int | None = None, features: torch.Tensor | None = None
     ) -> DecoderState:
         """New decoder state for one window: an empty cache and the cross-attention K/V."""
-        d, heads = self.dims, self.dims.decoder_heads
-        feats = audio_features.to(self.device, self.dtype)
+        d, heads, dtype = self.dims, self.dims.decoder_heads, self.compute_dtype
+        feats = audio_features.to(self.device, dtype)
         cross = self._cross_kv(feats)
-        cache = KVCache(
-            d.decoder_layers, feats.shape[0], heads, max_len or d.text_ctx, d.d_model // heads, self.dtype, feats.device
-        )
+        cache = KVCache(d.decoder_layers, feats.shape[0], heads, max_len or d.text_ctx, d.d_model // heads, dtype,
+                        feats.device)
         return DecoderState(feats, cross, cache, features)
 
     def widen(self, state: DecoderState, rows: int) -> DecoderState:
@@ -211,7 +259,7 @@ class WhisperTarget:
     def _cross_kv(self, feats: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
         """Cross-attention K/V of every decoder layer for encoder output ``feats [B, A, d]``, contiguous, in
         ``cross_kv_dtype`` (float32 for a bf16 model on the CPU: see ``layers.cross_attention``)."""
-        heads, dtype = self.dims.decoder_heads, cross_kv_dtype(self.dtype, self.device)
+        heads, dtype = self.dims.decoder_heads, cross_kv_dtype(self.compute_dtype, self.device)
         return tuple(tuple(_split_heads(blk.cross_attn[n](feats), heads).to(dtype).contiguous() for n in ("k", "v"))
                      for blk in self.dec_blocks)
 
@@ -222,12 +270,12 @@ class WhisperTarget:
         padding slots) and room for each slot's encoder output and cross-attention K/V."""
         d, heads = self.dims, self.dims.decoder_heads
         hd = d.d_model // heads
-        feats = torch.zeros(capacity, d.audio_ctx, d.d_model, dtype=self.dtype, device=self.device)
-        kv_dtype = cross_kv_dtype(self.dtype, self.device)
+        feats = torch.zeros(capacity, d.audio_ctx, d.d_model, dtype=self.compute_dtype, device=self.device)
+        kv_dtype = cross_kv_dtype(self.compute_dtype, self.device)
         cross = tuple(tuple(feats.new_zeros(capacity, heads, d.audio_ctx, hd, dtype=kv_dtype) for _kv in range(2))
                       for _ in self.dec_blocks)
         cache = RaggedKVCache(d.decoder_layers, capacity, heads, min(max_len or d.text_ctx, d.text_ctx), hd, spare,
-                              self.dtype, self.device)
+                              self.compute_dtype, self.device)
         return DecoderState(feats, cross, cache)
 
     @torch.inference_mode()
@@ -237,7 +285,7 @@ class WhisperTarget:
         ``context`` is the window's encoder output ``[1, A, d]``, or ``(encoder output, mel [1, n_mels,
         3000])`` when a drafter encodes the window itself (the mel is handed to it by :meth:`row_state`).
         """
-        feats = (context[0] if isinstance(context, tuple) else context).to(self.device, self.dtype)
+        feats = (context[0] if isinstance(context, tuple) else context).to(self.device, self.compute_dtype)
         if feats.shape[1:] != state.audio_features.shape[1:]:
             raise ValueError(f"encoder output {tuple(feats.shape)} does not fit {tuple(state.audio_features.shape)}")
         state.audio_features[slot] = feats[0]
@@ -289,9 +337,9 @@ class WhisperTarget:
         positions = positions.to(self.device)
         x = self.embed[tokens] + self.dec_pos[positions]  # [B, n, d]
         mask = cache.begin(b, n, None if tree_mask is None else tree_mask.to(self.device), self.device)
-        # bf16 chain over rows at one length: attention row by row, each exactly as a one-token step computes it
+        # bf16 / int8 rows at one length: attention row by row, each exactly as a one-token step computes it
         # (SDPA over n masked queries rounds differently where the key count crosses its block boundaries)
-        exact = self.dtype == torch.bfloat16 and tree_mask is None and mask is not None and mask.shape[0] == 1
+        exact = _exact_keys(mask, tree_mask is not None) if self.exact_rows and mask is not None else None
         low = mid = x
         for i, blk in enumerate(self.dec_blocks):
             x = self._decoder_block(blk, i, x, state, mask, heads, exact)
@@ -349,16 +397,14 @@ class WhisperTarget:
         return CrossAttention(torch.stack([found[pair] for pair in heads], dim=1), logits)
 
     def _decoder_block(self, blk: _Block, i: int, x: torch.Tensor, state: DecoderState, mask, heads: int,
-                       exact: bool = False) -> torch.Tensor:
+                       exact: list[int | torch.Tensor] | None = None) -> torch.Tensor:
         a = blk.self_attn
         h = layer_norm(x, blk.self_ln)
         q, k, v = (_split_heads(a[n](h), heads) for n in ("q", "k", "v"))
         k_all, v_all = state.cache.update(i, k, v)
-        if exact:  # row r attends to the first `start + r + 1` slots, unmasked: a one-token step's call
-            start = k_all.shape[2] - q.shape[2]
-            att = torch.cat([F.scaled_dot_product_attention(q[:, :, r : r + 1], k_all[:, :, : start + r + 1],
-                                                            v_all[:, :, : start + r + 1])
-                             for r in range(q.shape[2])], 2)
+        if exact is not None:  # row r attends to its own keys only, unmasked: a one-token step's call
+            att = torch.cat([F.scaled_dot_product_attention(q[:, :, r : r + 1], *_keys(k_all, v_all, keys))
+                             for r, keys in enumerate(exact)], 2)
         else:
             att = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
         x = x + a["out"](_merge_heads(att))
@@ -367,5 +413,5 @@ class WhisperTarget:
         ck, cv = state.cross_kv[i]
         ck, cv = ck[: x.shape[0]], cv[: x.shape[0]]  # a batch state holds every slot; rows [0, B) score
         q = _split_heads(c["q"](h), heads)  # bf16: row by row, so that verifying n tokens equals n AR steps
-        x = x + c["out"](_merge_heads(cross_attention(q, ck, cv, per_row=self.dtype == torch.bfloat16)))
+        x = x + c["out"](_merge_heads(cross_attention(q, ck, cv, per_row=self.exact_rows)))
         return blk.mlp(x)

@@ -48,11 +48,11 @@ def heldout(corpus: Path, n: int) -> list[tuple[str, str]]:
 
 
 def griffin_lim(mel_log: torch.Tensor, iterations: int = 64) -> np.ndarray:
-    """Waveform from a jik876 log-mel ``[80, frames]``: least-squares linear magnitude, then Griffin-Lim."""
+    """Waveform from a jik876 log-mel ``[80, frames]``: minimum-norm linear magnitude (pseudo-inverse), then Griffin-Lim."""
     from specli.tts.acoustic.features import slaney_mel_filters
 
     basis = slaney_mel_filters(RATE, N_FFT, 80, 0.0, FMAX).double()  # [80, 513]
-    mag = torch.linalg.lstsq(basis, mel_log.double().exp()).solution.clamp(min=1e-5).float()  # [513, frames]
+    mag = (torch.linalg.pinv(basis) @ mel_log.double().exp()).clamp(min=1e-5).float()  # [513, frames]
     window = torch.hann_window(N_FFT)
     gen = torch.Generator().manual_seed(0)
     angles = torch.polar(torch.ones_like(mag), 2 * torch.pi * torch.rand(mag.shape, generator=gen))

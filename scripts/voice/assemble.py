@@ -8,7 +8,7 @@ loaders (the LM, the flow + vocoder, the ONNX frontend) and checks the LM's teac
 training module's (float32) on held-out sentences.
 
     python scripts/voice/assemble.py --lm /work/voice/train/lm/best.pt --flow /work/voice/train/flow/best.pt \\
-        --blank /work/voice/blank --onnx /work/voice/tokenizer/speech_tokenizer_v3.onnx --out specli/voices/specli-en
+        --blank /work/voice/blank --onnx /work/voice/tokenizer/speech_tokenizer_v3.onnx --out data/voice/specli-en
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def _expected_tokens(audio_16k: np.ndarray) -> np.ndarray:
 
 def test_prompt_through_tiny_models(model_dir: Path) -> None:
     frontend = Frontend.from_dir(model_dir)
-    assert frontend.kind == "cosyvoice3" and frontend.mel_fmax is None
+    assert frontend.kind == "cosyvoice3" and frontend.spec.mel.fmax is None
     out = frontend.prompt(CLIP, "  And now the queue.  ")
     audio_16k = load_audio(CLIP, 16000)
     audio_24k = load_audio(CLIP, 24000)
@@ -147,7 +147,7 @@ def test_prompt_through_tiny_models(model_dir: Path) -> None:
 def test_cosyvoice2_dir_and_resampled_prompt(tmp_path: Path) -> None:
     root = write_acoustic_dir(tmp_path / "cv2", "cosyvoice2")
     frontend = Frontend.from_dir(root)
-    assert frontend.kind == "cosyvoice2" and frontend.mel_fmax == 8000.0
+    assert frontend.kind == "cosyvoice2" and frontend.spec.mel.fmax == 8000.0
     x48 = _noise(48000 * 2, seed=9)
     sf.write(tmp_path / "p48m.wav", x48, 48000, subtype="FLOAT")
     out = frontend.prompt(tmp_path / "p48m.wav", "text")
@@ -181,12 +181,19 @@ feat_extractor: !name:matcha.utils.audio.mel_spectrogram
 def test_prompt_mel_settings_from_yaml(tmp_path: Path) -> None:
     root = write_acoustic_dir(tmp_path / "m", "cosyvoice3")
     (root / "cosyvoice3.yaml").write_text(_FEAT_YAML.format(n_fft=1920, fmax=8000))
-    assert Frontend.from_dir(root).mel_fmax == 8000.0
+    assert Frontend.from_dir(root).spec.mel.fmax == 8000.0
     (root / "cosyvoice3.yaml").write_text(_FEAT_YAML.format(n_fft=1920, fmax="null"))
-    assert Frontend.from_dir(root).mel_fmax is None
-    (root / "cosyvoice3.yaml").write_text(_FEAT_YAML.format(n_fft=1024, fmax="null"))
-    with pytest.raises(ModelLoadError, match=r"cosyvoice3\.yaml: feat_extractor n_fft=1024 is not supported"):
+    assert Frontend.from_dir(root).spec.mel.fmax is None
+    (root / "cosyvoice3.yaml").write_text(_FEAT_YAML.format(n_fft=1024, fmax="null"))  # window 1920 > n_fft
+    with pytest.raises(ModelLoadError, match=r"cosyvoice3\.yaml: unusable acoustic settings: .*win_size must equal"):
         Frontend.from_dir(root)
+    (root / "cosyvoice3.yaml").write_text(_FEAT_YAML.format(n_fft=1920, fmax="13000"))  # above Nyquist
+    with pytest.raises(ModelLoadError, match=r"cosyvoice3\.yaml: unusable acoustic settings: need 0 <= fmin"):
+        Frontend.from_dir(root)
+    voice = _FEAT_YAML.replace("24000", "22050").replace("480", "256").replace("1920", "1024")
+    (root / "cosyvoice3.yaml").write_text(voice.format(n_fft=1024, fmax=8000))  # specli-en's mel: read, not assumed
+    mel = Frontend.from_dir(root).spec.mel
+    assert (mel.sample_rate, mel.n_fft, mel.hop, mel.fmax) == (22050, 1024, 256, 8000.0)
 
 
 def test_bad_prompt_audio(model_dir: Path, tmp_path: Path) -> None:

@@ -51,12 +51,12 @@ def test_synthesize_ctrl_c_reports_what_finished(tmp_path, cv3, monkeypatch):
     lines.write_text("one two\nthree four\nfive six\n")
     _interrupt_on_call(monkeypatch, Synthesizer, "synthesize", 2)
     out = tmp_path / "out"
-    res = _invoke(["synthesize", str(lines), "--model", str(cv3), "-o", str(out), "--sampler", "greedy"])
+    res = _invoke(["synthesize", str(lines), "--format", "npy", "--model", str(cv3), "-o", str(out), "--sampler", "greedy"])
     assert res.exit_code == 130, res.stderr
     assert "interrupted: utterances: 1 ok, 0 failed, 0 skipped" in res.stderr and "rerun resumes" in res.stderr
     assert sorted(p.name for p in out.glob("*.npy")) == ["lines_00001.npy"]
     _no_partial_files(out)
-    res = _invoke(["synthesize", str(lines), "--model", str(cv3), "-o", str(out), "--sampler", "greedy"])
+    res = _invoke(["synthesize", str(lines), "--format", "npy", "--model", str(cv3), "-o", str(out), "--sampler", "greedy"])
     assert res.exit_code == 0 and "2 ok, 0 failed, 1 skipped" in res.stderr  # the rerun resumes
 
 

@@ -306,7 +306,7 @@ def test_two_torchrun_ranks_synthesize_the_same_tokens_as_one_process(tmp_path):
     ckpt = write_checkpoint(tmp_path / "ckpt", "cosyvoice2", seed=3)
     lines = tmp_path / "lines.txt"
     lines.write_text("hello there\nok then\n\nsome more words\nyes\nthe last one\n", encoding="utf-8")
-    args = ("synthesize", lines, "--model", ckpt, "--sampler", "ras", "--seed", "7", "--threads", "1")
+    args = ("synthesize", lines, "--format", "npy", "--model", ckpt, "--sampler", "ras", "--seed", "7", "--threads", "1")
     one = run(*args, "-o", tmp_path / "one")
     assert one.exit_code == 1, one.stderr  # the empty line
     code, _, stderr = _finish(_torchrun(*args, "-o", tmp_path / "two", stdout=subprocess.DEVNULL,

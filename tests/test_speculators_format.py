@@ -173,7 +173,7 @@ def test_bad_checkpoints_and_offline_names(tmp_path, model, monkeypatch):
 
 
 def _run(args):
-    return CliRunner().invoke(main, ["synthesize", *args], catch_exceptions=False)
+    return CliRunner().invoke(main, ["synthesize", "--format", "npy", *args], catch_exceptions=False)
 
 
 def test_synthesize_with_a_drafter_directory(tmp_path, ckpt, model):
@@ -191,7 +191,7 @@ def test_synthesize_with_a_drafter_directory(tmp_path, ckpt, model):
     assert res.exit_code == 3 and "never downloads" in res.stderr
     # the preset's drafter by name from $SPECLI_MODELS_DIR, as a subprocess (vllm sampler, chain)
     env = dict(os.environ, SPECLI_MODELS_DIR=str(tmp_path / "models"))
-    proc = subprocess.run([sys.executable, "-m", "specli", "synthesize", "--preset", "cosyvoice2-dspark", "--model",
+    proc = subprocess.run([sys.executable, "-m", "specli", "synthesize", "--format", "npy", "--preset", "cosyvoice2-dspark", "--model",
                            str(ckpt), "--text", "hello", "-o", str(tmp_path / "sub"), "--jsonl", "-"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -170,7 +170,7 @@ def test_bad_requests_come_first(model):
 
 
 def _cli(*args):
-    return CliRunner().invoke(main, ["synthesize", *map(str, args)], catch_exceptions=False)
+    return CliRunner().invoke(main, ["synthesize", "--format", "npy", *map(str, args)], catch_exceptions=False)
 
 
 def test_cli_batch_size_writes_the_batch_1_outputs_in_input_order(tmp_path):

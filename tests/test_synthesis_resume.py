@@ -34,7 +34,7 @@ def cv3a(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(*args: object):
-    return CliRunner().invoke(main, ["synthesize", *map(str, args)], catch_exceptions=False)
+    return CliRunner().invoke(main, ["synthesize", "--format", "npy", *map(str, args)], catch_exceptions=False)
 
 
 def _records(res) -> list[dict]:

@@ -26,7 +26,7 @@ def cv3(tmp_path_factory):
 
 
 def _run(args, input=None):
-    return CliRunner().invoke(main, ["synthesize", *args], input=input, catch_exceptions=False)
+    return CliRunner().invoke(main, ["synthesize", "--format", "npy", *args], input=input, catch_exceptions=False)
 
 
 def _npy(path):
@@ -115,7 +115,7 @@ def test_usage_errors(tmp_path, cv2):
 def test_subprocess_stdin_and_vllm(tmp_path, cv2):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "specli", "synthesize", "--model", str(cv2), "-", "--sampler", "vllm",
+        [sys.executable, "-m", "specli", "synthesize", "--format", "npy", "--model", str(cv2), "-", "--sampler", "vllm",
          "--repetition-penalty", "1.1", "--top-k", "15", "-o", str(tmp_path), "--jsonl", "-"],
         input="hi there\n", capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -55,8 +55,9 @@ def _default_preset(model: str | None) -> str:
 @click.option("--progress/--no-progress", default=None, help="A line per utterance on stderr (default: on a terminal).")
 @click.option("--format", "fmt", type=click.Choice(["npy", "wav", "flac"]), default="npy", show_default=True,
               help="npy: speech tokens only; wav/flac: audio through the flow and HiFT stages (flow.pt, hift.pt).")
-@click.option("--sample-rate", type=click.IntRange(8000, 192000), default=24000, show_default=True,
-              help="Audio rate (resampled with soxr when not 24000).")
+@click.option("--sample-rate", type=click.IntRange(8000, 192000),
+              help="Audio rate (default: the model's vocoder rate, 24000 for CosyVoice, 22050 for specli-en; another "
+                   "rate is resampled with soxr).")
 @click.option("--prompt-wav", help="Voice prompt recording (<= 30 s, >= 16 kHz) for wav/flac output.")
 @click.option("--prompt-text", help="Transcript of --prompt-wav (CosyVoice3: a '...<|endofprompt|>' prefix is added "
                                     "when absent).")
@@ -72,7 +73,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
         raise click.UsageError("--overwrite and --skip-existing exclude each other")
     if not inputs and not texts:
         raise click.UsageError("give text files, '-', a *.jsonl manifest or --text")
-    if fmt == "npy" and (prompt_wav or prompt_text or speaker or sample_rate != 24000):
+    if fmt == "npy" and (prompt_wav or prompt_text or speaker or sample_rate is not None):
         raise click.UsageError("--prompt-wav, --prompt-text, --speaker and --sample-rate need --format wav or flac")
     if batch_size > 1 and fmt != "npy":
         raise click.UsageError("--batch-size > 1 needs --format npy (audio output renders one utterance at a time)")

@@ -41,13 +41,13 @@ class AudioOptions:
     """How audio is written."""
 
     format: AudioFormat = "wav"  # container: 16-bit PCM wav or flac
-    sample_rate: int = 24000  # output rate; other than 24000 is resampled with soxr
+    sample_rate: int | None = None  # output rate; None: the vocoder's own; any other is resampled with soxr
     seed: int = 0  # run seed; each utterance's vocoder noise comes from (seed, id)
 
     def __post_init__(self) -> None:
         if self.format not in ("wav", "flac"):
             raise ValueError(f"unknown audio format {self.format!r} (wav, flac)")
-        if not 8000 <= self.sample_rate <= 192000:
+        if self.sample_rate is not None and not 8000 <= self.sample_rate <= 192000:
             raise ValueError("sample_rate must be within 8000..192000 Hz")
 
 
@@ -88,10 +88,10 @@ def prepare_voice(vocalizer: Vocalizer, prompt_wav: str | None = None, prompt_te
         raise UsageError("--prompt-text is the transcript of --prompt-wav; give the recording too")
     if speaker:
         stored = vocalizer.frontend.speaker(speaker)
-        return Voice(VoicePrompt.from_speaker(stored), settings=voice_settings(
+        return Voice(VoicePrompt.from_speaker(stored, vocalizer.spec.token_mel_ratio), settings=voice_settings(
             speaker=speaker, speakers_file=vocalizer.frontend.speakers_path))
     if not prompt_wav:
-        return Voice(VoicePrompt.none())
+        return Voice(VoicePrompt.none(vocalizer.spec.mel.n_mels))
     text = (prompt_text or "").strip()
     if not text:
         rule = (f" (CosyVoice3 puts it after {ENDOFPROMPT}, e.g. '{CV3_DEFAULT_PROMPT}<transcript>')"
@@ -122,11 +122,11 @@ def voice_settings(prompt_wav: str | None = None, prompt_text: str | None = None
 
 
 def audio_settings(vocalizer: Vocalizer, options: AudioOptions) -> dict:
-    """The audio half of an utterance's settings: container, rate, and the flow / HiFT checkpoints by content."""
-    root = vocalizer.model_dir
-    fingerprint = (lambda name: content_fingerprint(root / name)) if root else (lambda name: "unknown")
-    return {"format": options.format, "sample_rate": options.sample_rate, "flow": fingerprint("flow.pt"),
-            "hift": fingerprint("hift.pt")}
+    """The audio half of an utterance's settings: container, rate, and the flow / vocoder checkpoints by content."""
+    root, vocoder = vocalizer.model_dir, vocalizer.vocoder_file
+    return {"format": options.format, "sample_rate": options.sample_rate or vocalizer.vocoder.sample_rate,
+            "flow": content_fingerprint(root / "flow.pt") if root else "unknown",
+            "vocoder": content_fingerprint(vocoder) if vocoder else "unknown"}
 
 
 def audio_path(output_dir: Path, rid: str, fmt: AudioFormat) -> Path:
@@ -175,7 +175,7 @@ def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[Sp
                         ) -> list[AudioOutcome]:
     """Synthesize every good item whose audio file is not kept by ``resume`` (default: the settings of
     ``synth``; redo files made with others, or all with ``overwrite``)."""
-    voice = voice or Voice(VoicePrompt.none())
+    voice = voice or Voice(VoicePrompt.none(vocalizer.spec.mel.n_mels))
     resume = resume or Resume(synthesis_settings(synth), "overwrite" if overwrite else "changed")
     run_settings = {**resume.settings, "seed": options.seed, "audio": audio_settings(vocalizer, options)}
     cache: dict[tuple[str, str], Voice] = {}

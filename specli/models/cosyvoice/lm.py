@@ -29,6 +29,7 @@ from specli.core.drafters.llm.layout import VocabLayout
 from specli.models.cosyvoice.layout import (InputLayout, ModelKind, RasSettings, SpeechLMSpec, merged_layout,
                                            vllm_layout)
 from specli.models.cosyvoice.text import CosyVoiceTokenizer
+from specli.models.cosyvoice.voices import SUMS, SHIPPED_VOICES, shipped_voice, verify_voice
 from specli.models.cosyvoice.yaml import Tagged, read_hyperpyyaml
 from specli.models.layers import Linear
 from specli.models.qwen2 import Qwen2Dims, Qwen2State, Qwen2Target
@@ -164,16 +165,19 @@ def _hub_snapshots(repo: str) -> list[Path]:
 
 
 def resolve_cosyvoice(name_or_dir: str) -> Path:
-    """The checkpoint directory of ``cosyvoice2`` / ``cosyvoice3`` / a directory; never downloads."""
+    """The checkpoint directory of a shipped voice, ``cosyvoice2`` / ``cosyvoice3`` (found offline) or a directory
+    (checked against its ``SHA256SUMS`` when it has one, as specli's own voices do); never downloads."""
+    if name_or_dir in SHIPPED_VOICES:
+        return shipped_voice(name_or_dir)
     if name_or_dir not in KNOWN_MODELS:
         path = Path(name_or_dir).expanduser()
         if not path.is_dir():
-            raise ModelLoadError(f"{name_or_dir!r} is neither a CosyVoice model name ({', '.join(KNOWN_MODELS)}) "
-                                 "nor a directory")
+            names = ", ".join([*SHIPPED_VOICES, *KNOWN_MODELS])
+            raise ModelLoadError(f"{name_or_dir!r} is neither a CosyVoice model name ({names}) nor a directory")
         missing = _required(path)
         if missing:
             raise ModelLoadError(f"{path} is not a CosyVoice checkpoint directory: missing {', '.join(missing)}")
-        return path
+        return verify_voice(path) if (path / SUMS).is_file() else path  # specli's own voices carry sha256 sums
     repo, yaml_name = KNOWN_MODELS[name_or_dir]
     models_dir = os.environ.get("SPECLI_MODELS_DIR")
     candidates = [Path(models_dir) / n for n in (name_or_dir, repo.split("/")[1])] if models_dir else []

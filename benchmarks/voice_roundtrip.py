@@ -7,13 +7,15 @@ English, the ``whisper-base-ar`` preset), word error rate after Whisper's Englis
 - ``piper``: piper's own audio of the sentence (what the voice was trained to imitate; the ceiling);
 - ``hifigan-copy``: the HiFi-GAN V1 vocoder on the mel of piper's audio (the vocoder alone);
 - ``griffin-lim``: Griffin-Lim (64 iterations) on the same mel (the floor a trained vocoder must beat);
+- ``flow``: the voice's flow + vocoder on the clip's true speech tokens (``data/voice/tokens``: what the
+  tokenizer hears in piper's audio), so the flow is judged apart from the LM;
 - ``specli``: ``specli synthesize`` with the voice (text -> LM -> flow -> vocoder), run as a subprocess with
   ``--jsonl -``, whose per-stage seconds give the real-time factor of the LLM, flow and vocoder stages.
 
 Writes ``report.json``, ``README.md`` and ``mel.png`` (piper's and specli's log-mel of one sentence) to
 ``--out``. Not a test; run it by hand on a quiet machine, e.g.
 
-    python benchmarks/voice_roundtrip.py --sentences 50 --threads 2 --out docs/benchmarks/voice
+    python benchmarks/voice_roundtrip.py --sentences 50 --threads 2 --out docs/benchmarks/voice   # data/voice/specli-en
     python benchmarks/voice_roundtrip.py --voice /work/voice/candidate --sentences 20 --out /tmp/rt
 """
 
@@ -84,6 +86,26 @@ def copy_synthesis(corpus: Path, clips: list[tuple[str, str]], out: Path) -> dic
     return seconds
 
 
+def flow_from_tokens(voice: str, clips: list[tuple[str, str]], out: Path, tokens: Path, seed: int) -> float:
+    """The voice's flow + vocoder on each clip's committed speech tokens -> ``out/flow``; seconds spent."""
+    from specli.models.cosyvoice.lm import resolve_cosyvoice
+    from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt
+
+    vocalizer = Vocalizer.from_dir(resolve_cosyvoice(voice), "cosyvoice3")
+    (out / "flow").mkdir(parents=True, exist_ok=True)
+    with np.load(tokens) as z:
+        where = {str(cid): i for i, cid in enumerate(z["ids"])}
+        offsets, codes = z["offsets"], z["tokens"]
+    seconds = 0.0
+    for cid, _text in clips:
+        i = where[cid]
+        ids = [int(t) for t in codes[offsets[i] : offsets[i + 1]]]
+        res = vocalizer.render(ids, VoicePrompt.none(), torch.Generator().manual_seed(seed))
+        seconds += res.flow_seconds + res.vocoder_seconds
+        sf.write(out / "flow" / f"{cid}.wav", res.audio, res.sample_rate)
+    return seconds
+
+
 def speak(voice: str, clips: list[tuple[str, str]], out: Path, threads: int, seed: int) -> list[dict]:
     """``specli synthesize`` of the sentences (one line each, ids = clip ids); its JSONL records."""
     (out / "specli").mkdir(parents=True, exist_ok=True)
@@ -150,7 +172,7 @@ def write_markdown(rep: dict, path: Path) -> None:
     path.write_text(
         f"# specli-en round trip ({rep['sentences']} held-out sentences, whisper-base greedy)\n\n"
         f"Voice `{rep['voice']}`, {rep['threads']} threads, seed {rep['seed']}, torch {rep['torch']}.\n"
-        f"Reproduce: `python benchmarks/voice_roundtrip.py --sentences {rep['sentences']} --threads "
+        f"Reproduce: `python benchmarks/voice_roundtrip.py --voice {rep['voice']} --sentences {rep['sentences']} --threads "
         f"{rep['threads']}`.\n\n| system | WER | missing |\n|---|---|---|\n{rows}\n\n"
         f"specli real-time factor per stage (seconds per second of audio): "
         + ", ".join(f"{k} {v:.3f}" for k, v in rtf.items()) + "\n\n![mel](mel.png)\n", encoding="utf-8")
@@ -158,8 +180,10 @@ def write_markdown(rep: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--voice", default="specli-en", help="shipped voice name or a model directory")
+    ap.add_argument("--voice", default="data/voice/specli-en", help="a voice's model directory or shipped name")
     ap.add_argument("--corpus", type=Path, default=Path("/work/voice/data"), help="make_voice_data.py output")
+    ap.add_argument("--tokens", type=Path, default=Path("data/voice/tokens/tokens.npz"),
+                    help="the corpus's committed speech tokens (for the flow-only system)")
     ap.add_argument("--sentences", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -178,9 +202,10 @@ def main() -> None:
         extra: dict = {}
         if not args.skip_copy:
             extra["copy_seconds"] = copy_synthesis(args.corpus, clips, work)
+        extra["flow_seconds"] = flow_from_tokens(args.voice, clips, work, args.tokens, args.seed)
         records = speak(args.voice, clips, work, args.threads, args.seed)
         extra["rtf"] = stage_rtf(records)
-        names = ["piper", "specli"] + ([] if args.skip_copy else ["hifigan-copy", "griffin-lim"])
+        names = ["piper", "flow", "specli"] + ([] if args.skip_copy else ["hifigan-copy", "griffin-lim"])
         texts = {name: heard(work / name, args.threads) for name in names}
         mel_picture(piper / f"{clips[0][0]}.wav", work / "specli" / f"{clips[0][0]}.wav", clips[0][1],
                     args.out / "mel.png")

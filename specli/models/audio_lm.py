@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from specli.core.device import resolve_device, resolve_dtype
 from specli.core.job import DecodeJob
 from specli.core.kv_cache import KVCache, RaggedKVCache
 from specli.core.types import ScoreOutput
@@ -307,6 +308,30 @@ def missing_files(path: Path) -> list[str]:
     elif not any(path.glob("*.safetensors")):
         missing.append("model.safetensors")
     return missing
+
+
+def load_hf_model(path: Path, label: str, model_type: str, hf_class: Any, dtype: str, device: str | torch.device,
+                  type_hint: str = "", **kwargs: Any) -> tuple[Any, torch.device, torch.dtype]:
+    """transformers' ``hf_class`` loaded offline from a resolved directory, with the device and dtype it was loaded
+    for: the directory is checked first (its files, ``config.json``'s ``model_type``; ``label`` and ``type_hint``
+    word the errors), int8 is refused (a Whisper-only dtype), transformers' progress bar stays off."""
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415 (heavy; not a specli module)
+
+    hf_logging.disable_progress_bar()  # library code shows nothing (transformers' loading bar included)
+    missing = missing_files(path)
+    if missing:
+        raise ModelLoadError(f"{path}: not a complete {label} directory, missing {', '.join(missing)}")
+    if (read_config(path) or {}).get("model_type") != model_type:
+        raise ModelLoadError(f"{path / 'config.json'}: model_type is not {model_type!r}{type_hint}")
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if dt == torch.int8:
+        raise UsageError("dtype int8 is for Whisper targets; use float32, bfloat16 or float16")
+    try:
+        hf = hf_class.from_pretrained(str(path), dtype=dt, local_files_only=True, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot load the weights: {exc}") from exc
+    return hf, dev, dt
 
 
 def read_chat_template(path: Path) -> str | None:

@@ -16,11 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specli.core.device import resolve_device, resolve_dtype
 from specli.core.job import DecodeJob
 from specli.errors import ModelLoadError, UsageError
 from specli.io.audio import HOP_LENGTH, N_FFT, SAMPLE_RATE, window_features
-from specli.models.audio_lm import SuppressRule, claims_dir, missing_files, read_config, resolve_dir
+from specli.models.audio_lm import SuppressRule, claims_dir, load_hf_model, resolve_dir
 from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 from specli.models.qwen2_audio.target import N_FRAMES, Qwen2AudioTarget, audio_positions
 from specli.models.qwen2_audio.text import Qwen2AudioText, default_instruction
@@ -116,24 +115,10 @@ def load_qwen2_audio(name_or_dir: str, dtype: str = "float32", compile_encoder: 
     """Resolve, verify and load a Qwen2-Audio model: transformers' audio tower and projector, the lean decoder
     over its language model (untied head: ``lm_head``), the tokenizer and chat template."""
     from transformers import Qwen2AudioForConditionalGeneration  # noqa: PLC0415 (heavy; not a specli module)
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415
-
-    hf_logging.disable_progress_bar()  # library code shows nothing (transformers' loading bar included)
 
     path = resolve(name_or_dir)
-    missing = missing_files(path)
-    if missing:
-        raise ModelLoadError(f"{path}: not a complete Qwen2-Audio directory, missing {', '.join(missing)}")
-    if (read_config(path) or {}).get("model_type") != MODEL_TYPE:
-        raise ModelLoadError(f"{path / 'config.json'}: model_type is not {MODEL_TYPE!r}")
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    if dt == torch.int8:
-        raise UsageError("dtype int8 is for Whisper targets; use float32, bfloat16 or float16")
-    try:
-        hf = Qwen2AudioForConditionalGeneration.from_pretrained(str(path), dtype=dt, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot load the weights: {exc}") from exc
+    hf, dev, dt = load_hf_model(path, "Qwen2-Audio", MODEL_TYPE, Qwen2AudioForConditionalGeneration, dtype,
+                                device)
     n_mels = hf.config.audio_config.num_mel_bins
     _check_features(path, n_mels)
     lm = hf.model.language_model

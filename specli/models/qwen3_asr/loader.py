@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specli.core.device import resolve_device, resolve_dtype
 from specli.errors import ModelLoadError, UsageError
 from specli.io.audio import HOP_LENGTH, SAMPLE_RATE
-from specli.models.audio_lm import AudioLMHooks, claims_dir, missing_files, read_config, resolve_dir
+from specli.models.audio_lm import AudioLMHooks, claims_dir, load_hf_model, resolve_dir
 from specli.models.aut import N_FRAMES, audio_positions, processor_features
 from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 from specli.models.qwen3_asr.target import Qwen3ASRTarget
@@ -96,24 +95,10 @@ def load_qwen3_asr(name_or_dir: str, dtype: str = "float32", compile_encoder: bo
     """Resolve, verify and load a Qwen3-ASR model: transformers' encoder and projector, the lean decoder over its
     Qwen3 language model (tied head: ``lm_head`` shares the embedding), tokenizer, chat template, features."""
     from transformers import Qwen3ASRForConditionalGeneration  # noqa: PLC0415 (heavy; not a specli module)
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415
-
-    hf_logging.disable_progress_bar()  # library code shows nothing (transformers' loading bar included)
 
     path = resolve(name_or_dir)
-    missing = missing_files(path)
-    if missing:
-        raise ModelLoadError(f"{path}: not a complete Qwen3-ASR directory, missing {', '.join(missing)}")
-    if (read_config(path) or {}).get("model_type") != MODEL_TYPE:
-        raise ModelLoadError(f"{path / 'config.json'}: model_type is not {MODEL_TYPE!r} (a Qwen3-ASR -hf checkpoint)")
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    if dt == torch.int8:
-        raise UsageError("dtype int8 is for Whisper targets; use float32, bfloat16 or float16")
-    try:
-        hf = Qwen3ASRForConditionalGeneration.from_pretrained(str(path), dtype=dt, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot load the weights: {exc}") from exc
+    hf, dev, dt = load_hf_model(path, "Qwen3-ASR", MODEL_TYPE, Qwen3ASRForConditionalGeneration, dtype, device,
+                                type_hint=" (a Qwen3-ASR -hf checkpoint)")
     audio_cfg = hf.config.audio_config
     fe = _feature_extractor(path, audio_cfg.num_mel_bins, audio_cfg.n_window)
     lm = hf.model.language_model

@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specli.core.device import resolve_device, resolve_dtype
 from specli.errors import ModelLoadError, UsageError
 from specli.io.audio import HOP_LENGTH, SAMPLE_RATE
-from specli.models.audio_lm import AudioLMHooks, claims_dir, missing_files, read_config, resolve_dir
+from specli.models.audio_lm import AudioLMHooks, claims_dir, load_hf_model, resolve_dir
 from specli.models.aut import audio_positions, processor_features
 from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 from specli.models.qwen3_asr.text import language_name
@@ -106,25 +105,10 @@ def load_qwen3_omni(name_or_dir: str, dtype: str = "float32", compile_encoder: b
     """Resolve, verify and load the thinker of a Qwen3-Omni model: transformers' audio encoder, the lean MoE
     decoder over its text model, the tokenizer, chat template and feature extractor (no talker)."""
     from transformers import Qwen3OmniMoeForConditionalGeneration  # noqa: PLC0415 (heavy; not a specli module)
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415
-
-    hf_logging.disable_progress_bar()  # library code shows nothing (transformers' loading bar included)
 
     path = resolve(name_or_dir)
-    missing = missing_files(path)
-    if missing:
-        raise ModelLoadError(f"{path}: not a complete Qwen3-Omni directory, missing {', '.join(missing)}")
-    if (read_config(path) or {}).get("model_type") != MODEL_TYPE:
-        raise ModelLoadError(f"{path / 'config.json'}: model_type is not {MODEL_TYPE!r}")
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    if dt == torch.int8:
-        raise UsageError("dtype int8 is for Whisper targets; use float32, bfloat16 or float16")
-    try:
-        hf = Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(path), dtype=dt, local_files_only=True,
-                                                                  enable_audio_output=False)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot load the weights: {exc}") from exc
+    hf, dev, dt = load_hf_model(path, "Qwen3-Omni", MODEL_TYPE, Qwen3OmniMoeForConditionalGeneration, dtype, device,
+                                enable_audio_output=False)
     thinker = hf.thinker.eval()
     fe = _feature_extractor(path, thinker.config.audio_config.num_mel_bins)
     audio_token = int(thinker.config.audio_token_id)

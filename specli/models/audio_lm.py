@@ -334,6 +334,24 @@ def load_hf_model(path: Path, label: str, model_type: str, hf_class: Any, dtype:
     return hf, dev, dt
 
 
+def load_tokenizer(path: Path, specials: Sequence[str]) -> tuple[Any, dict[str, int]]:
+    """A model directory's tokenizer (offline) and the ids of its ``specials`` (ModelLoadError naming a missing
+    one)."""
+    from transformers import AutoTokenizer  # noqa: PLC0415 (heavy; not a specli module)
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot read the tokenizer: {exc}") from exc
+    ids = {}
+    for token in specials:
+        tid = tok.convert_tokens_to_ids(token)
+        if tid is None or tid == tok.unk_token_id:
+            raise ModelLoadError(f"{path}: special token {token} missing from the tokenizer")
+        ids[token] = int(tid)
+    return tok, ids
+
+
 def read_chat_template(path: Path) -> str | None:
     """The model's chat template: ``chat_template.jinja``, ``chat_template.json`` or ``tokenizer_config.json``
     (None: none, e.g. a base model)."""

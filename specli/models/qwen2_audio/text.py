@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from transformers import AutoTokenizer
 
 from specli.errors import ModelLoadError
-from specli.models.audio_lm import read_chat_template
+from specli.models.audio_lm import load_tokenizer, read_chat_template
 
 AUDIO, AUDIO_BOS, AUDIO_EOS = "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -42,16 +41,7 @@ class Qwen2AudioText:
     """Text <-> ids and window prompts of one Qwen2-Audio directory."""
 
     def __init__(self, path: Path) -> None:
-        try:
-            self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"{path}: cannot read the tokenizer: {exc}") from exc
-        ids = {}
-        for token in SPECIAL:
-            tid = self._tok.convert_tokens_to_ids(token)
-            if tid is None or tid == self._tok.unk_token_id:
-                raise ModelLoadError(f"{path}: special token {token} missing from the tokenizer")
-            ids[token] = int(tid)
+        self._tok, ids = load_tokenizer(path, SPECIAL)
         self.special = SpecialIds(ids[AUDIO], ids[AUDIO_BOS], ids[AUDIO_EOS], ids[IM_START], ids[IM_END],
                                   ids[END_OF_TEXT])
         self.template = read_chat_template(path)

@@ -13,11 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import AutoTokenizer
 from transformers.models.qwen3_asr.processing_qwen3_asr import LANGUAGE_CODE_TO_NAME
 
 from specli.errors import ModelLoadError, UsageError
-from specli.models.audio_lm import read_chat_template
+from specli.models.audio_lm import load_tokenizer, read_chat_template
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 AUDIO_START, AUDIO_END, ASR_TEXT = "<|audio_start|>", "<|audio_end|>", "<asr_text>"
@@ -54,16 +53,7 @@ class Qwen3ASRText:
     """Text <-> ids and window prompts of one Qwen3-ASR directory."""
 
     def __init__(self, path: Path, audio_token: int) -> None:
-        try:
-            self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"{path}: cannot read the tokenizer: {exc}") from exc
-        ids = {}
-        for token in SPECIAL:
-            tid = self._tok.convert_tokens_to_ids(token)
-            if tid is None or tid == self._tok.unk_token_id:
-                raise ModelLoadError(f"{path}: special token {token} missing from the tokenizer")
-            ids[token] = int(tid)
+        self._tok, ids = load_tokenizer(path, SPECIAL)
         self.special = SpecialIds(audio_token, ids[AUDIO_START], ids[AUDIO_END], ids[IM_START], ids[IM_END],
                                   ids[END_OF_TEXT], ids[ASR_TEXT])
         self.template = read_chat_template(path)

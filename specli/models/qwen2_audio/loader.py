@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specli.core.job import DecodeJob
 from specli.errors import ModelLoadError, UsageError
 from specli.io.audio import HOP_LENGTH, N_FFT, SAMPLE_RATE, window_features
-from specli.models.audio_lm import SuppressRule, claims_dir, load_hf_model, resolve_dir
+from specli.models.audio_lm import AudioLMHooks, claims_dir, load_hf_model, resolve_dir
 from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 from specli.models.qwen2_audio.target import N_FRAMES, Qwen2AudioTarget, audio_positions
 from specli.models.qwen2_audio.text import Qwen2AudioText, default_instruction
@@ -68,46 +67,24 @@ class Qwen2AudioModel:
 
 
 @dataclass(frozen=True)
-class Qwen2AudioHooks:
+class Qwen2AudioHooks(AudioLMHooks):
     """Qwen2-Audio's part of the window loop (:class:`specli.models.speech.SpeechHooks`): no timestamp tokens
     (a window is one segment spanning it), no language detection (the language tag is given or left out)."""
 
     model: Qwen2AudioModel
-    word_timestamps: bool = False
-
-    @property
-    def eot(self) -> int:
-        return self.model.tokenizer.eot
-
-    @property
-    def timestamp_begin(self) -> int:
-        return self.model.target.dims.vocab  # no timestamp tokens
 
     def features(self, audio: np.ndarray) -> tuple[torch.Tensor, int]:
         """Log-mel ``[1, n_mels, 3000]`` and real frames, as WhisperFeatureExtractor's features and
         attention mask (``ceil(samples / 160)`` frames)."""
         return window_features(audio, self.model.n_mels), min(N_FRAMES, math.ceil(len(audio) / HOP_LENGTH))
 
-    def language(self, given: str | None) -> str | None:
-        return given
-
-    def detect_language(self, state: object) -> None:
-        return None
-
     def check_support(self, model: str, task: str, language: str | None) -> None:
         if task not in ("transcribe", "translate"):
             raise UsageError(f"model {model!r} cannot {task}")
 
-    def window_job(self, p: WindowPrompt) -> DecodeJob:
-        tok, target = self.model.tokenizer, self.model.target
+    def window_prompt(self, p: WindowPrompt) -> list[int]:
         instruction = p.instruction or default_instruction(p.task, p.language)
-        prompt = tok.prompt(instruction, max(1, audio_positions(p.frames)))
-        room = target.max_len - len(prompt)
-        if room < 1:
-            raise UsageError(f"the instruction leaves no room to decode ({len(prompt)} prompt tokens)")
-        ids = tuple(t for t in p.suppress_tokens if t >= 0)
-        return DecodeJob(tuple(prompt), SuppressRule(ids) if ids else None, tok.eot, min(p.max_new_tokens, room),
-                         generator=p.generator)
+        return self.model.tokenizer.prompt(instruction, max(1, audio_positions(p.frames)))
 
 
 def load_qwen2_audio(name_or_dir: str, dtype: str = "float32", compile_encoder: bool = False,

@@ -9,10 +9,15 @@ beats the committed one, the voice itself: under ``data/voice/specli-en/`` while
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
+
+from specli.io.atomic import write_atomic_with
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = Path(os.environ.get("SPECLI_VOICE_WORK", "/work/voice"))
@@ -48,3 +53,17 @@ def clips(split: str, corpus: Path = CORPUS) -> list[Clip]:
 
 def wav_path(clip_id: str, corpus: Path = CORPUS) -> Path:
     return corpus / "wavs" / f"{clip_id}.wav"
+
+
+def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
+    """Linear warm-up to ``peak``, then cosine decay to a tenth of it at ``total`` steps."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    done = min(1.0, (step - warmup) / max(total - warmup, 1))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
+
+
+def save(path: Path, payload: dict) -> None:
+    """``torch.save`` written atomically (a crash never leaves half a checkpoint)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic_with(path, lambda fh: torch.save(payload, fh))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
 from dataclasses import asdict
@@ -33,7 +32,7 @@ import numpy as np
 import soundfile as sf
 import torch
 import torch.nn.functional as F
-from common import clips, log, wav_path
+from common import clips, log, lr_at, save, wav_path
 from voicetokens import speech_tokens
 
 from specli.core.device import cpu_native_bf16
@@ -133,18 +132,6 @@ def held_out_loss(flow: FlowCV3, data, crop: int, batch: int, bf16: bool) -> flo
                                      False, gen, bf16)))
     flow.train()
     return sum(losses) / max(len(losses), 1)
-
-
-def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    done = min(1.0, (step - warmup) / max(total - warmup, 1))
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
-
-
-def save(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic_with(path, lambda fh: torch.save(payload, fh))
 
 
 def train(args: argparse.Namespace) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -30,13 +29,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import clips, log
+from common import clips, log, lr_at, save
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from voicetokens import speech_tokens
 
 from specli.core.device import cpu_native_bf16
-from specli.io.atomic import write_atomic_with
 from specli.models.cosyvoice.layout import InputLayout, SpeechLMSpec
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, CosyVoiceTokenizer
 
@@ -149,18 +147,6 @@ def held_out_loss(model: VoiceLM, seqs, budget: int, bf16: bool) -> float:
         count += n
     model.train()
     return total / max(count, 1)
-
-
-def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    done = min(1.0, (step - warmup) / max(total - warmup, 1))
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
-
-
-def save(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic_with(path, lambda fh: torch.save(payload, fh))
 
 
 def latest(run: Path) -> dict | None:

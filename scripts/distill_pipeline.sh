@@ -6,6 +6,12 @@
 #   scripts/distill_pipeline.sh train base        # train a head on what is labelled so far (never implied)
 #   scripts/distill_pipeline.sh eval base [HEAD]  # acceptance per validation set (language x task); default: shipped head
 #   scripts/distill_pipeline.sh status            # clips / windows labelled per directory
+#   scripts/distill_pipeline.sh save base         # labels of every labelled directory -> data/labels/base/ (commit them)
+#
+# Labels that survive the machine: `save` writes each label directory's token ids and window spans
+# (`specli distill labels`, a few KB per clip) under data/labels/<target>/, committed; on a new machine `labels`
+# first rebuilds each directory from its committed file (`specli distill rebuild`: the same encoder outputs and
+# hidden states, no decoding) and then labels only the clips not in it.
 #
 # Rerun the same command to continue: finished jobs (a .done marker per chunk) are skipped, and inside a
 # job `specli distill data` skips the clips already in its manifest. One pipeline at a time (flock).
@@ -64,6 +70,7 @@ labels() {  # labels TARGET: every job of the plan not yet done
         local dir=$LABELS/$target/$out marker
         marker=$dir/.done-$cid
         [[ -f $marker ]] && continue
+        restore "$target" "$out"
         local flags=(--task "$task" --language "$lang" --dtype "$DTYPE" --batch-size "$BATCH" -q)  # float32: the reference decode on any CPU
         [[ $ts == nots ]] && flags+=(--no-timestamps)
         local t0=$SECONDS n
@@ -78,6 +85,27 @@ labels() {  # labels TARGET: every job of the plan not yet done
         fi
     done <"$plan"
     log "labels $target: all jobs done"
+}
+
+saved() { echo "$REPO/data/labels/$1/${2//\//__}.jsonl"; }  # saved TARGET OUT: the committed label file of a directory
+
+restore() {  # restore TARGET OUT: rebuild a label directory from its committed labels (once per machine)
+    local dir=$LABELS/$1/$2 file
+    file=$(saved "$1" "$2")
+    [[ -f $file && ! -f $dir/.restored ]] || return 0
+    log "rebuild $1 $2 from $file"
+    "${NICE[@]}" "$PY" -m specli.cli distill rebuild "$file" --preset "$(preset "$1")" --out "$dir" --audio-dir "$AUDIO" \
+        -q >>"$LOGS/labels-$1.log" 2>&1 && touch "$dir/.restored"
+}
+
+save() {  # save TARGET: the labels of every labelled directory of TARGET -> data/labels/TARGET/ (to commit)
+    local target=$1 m rel
+    for m in "$LABELS/$target"/*/*/manifest.json; do
+        [[ -f $m ]] || continue
+        rel=${m#"$LABELS/$target/"}; rel=${rel%/manifest.json}
+        mkdir -p "$REPO/data/labels/$target"
+        "$PY" -m specli.cli distill labels "$(dirname "$m")" -o "$(saved "$target" "$rel")"
+    done
 }
 
 train() {  # train TARGET [distill-train options, overriding the recipe]: on every labelled training directory
@@ -132,8 +160,9 @@ main() {
         train) cd "$REPO"; train "$@" ;;
         eval) cd "$REPO"; evaluate "$@" ;;
         status) status ;;
+        save) cd "$REPO"; save "$@" ;;
         audio) audio ;;
-        *) echo "usage: $0 labels [base|tiny.en] | train TARGET [options] | eval TARGET [HEAD] | status | audio" >&2
+        *) echo "usage: $0 labels [base|tiny.en] | train TARGET [options] | eval TARGET [HEAD] | status | save TARGET | audio" >&2
            exit 2 ;;
     esac
 }

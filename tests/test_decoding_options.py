@@ -61,7 +61,7 @@ def test_temperature_schedule_is_whispers(start, inc):
 def _run(model, audio, decoding: DecodingOptions):
     prompts: list[list[int]] = []
     res = transcribe_stream(model, [audio], TranscribeOptions(decoding=decoding),
-                            on_decode=lambda _state, prompt, _win: prompts.append(prompt))
+                            on_decode=lambda _state, prompt, _win, _span: prompts.append(prompt))
     return res, prompts
 
 

@@ -35,9 +35,19 @@ from specli.models.whisper.target import DecoderState
 from specli.models.whisper.rules import WhisperLogitRules
 from specli.core.types import DecodeResult, DecodeStats, TargetState, accumulate
 
-#: Called after each window's decode with the window's state, prompt and kept decode (distillation
+
+
+@dataclass(frozen=True)
+class WindowSpan:
+    """Where a decoded window lies in its file: the samples (16 kHz) its features were computed from."""
+
+    start: int  # first sample of the window
+    samples: int  # samples read: N_SAMPLES, fewer at the end of the file
+
+
+#: Called after each window's decode with the window's state, prompt, kept decode and span (distillation
 #: records on-policy windows through it).
-WindowObserver = Callable[[TargetState, list[int], WindowDecode], None]
+WindowObserver = Callable[[TargetState, list[int], WindowDecode, WindowSpan], None]
 
 P = ParamSpec("P")
 #: Whisper's two tasks: transcribe in the spoken language, or translate (X -> English).
@@ -108,7 +118,7 @@ class FileResult:
         return "".join(s.text for s in self.segments).strip()
 
 
-class _WindowReader:
+class WindowReader:
     """Serves ``[start, start + length)`` sample ranges of a chunk stream, moving forward only."""
 
     def __init__(self, chunks: Iterable[np.ndarray]) -> None:
@@ -245,7 +255,7 @@ def transcribe_steps(
     hooks, dec = speech_hooks(model), opts.decoding
     if opts.word_timestamps and not hooks.word_timestamps:
         raise UsageError(f"word timestamps need cross-attention alignment, which {type(model).__name__} has not")
-    reader, stats = _WindowReader(chunks), FileStats()
+    reader, stats = WindowReader(chunks), FileStats()
     language, lang_prob = hooks.language(opts.language), None
     segments: list[Segment] = []
     last_speech = 0.0  # end of the last aligned word (word timestamps)
@@ -271,7 +281,7 @@ def transcribe_steps(
         accumulate(stats.decode, win.stats)
         stats.fallback_windows += int(win.first_failed)
         if on_decode is not None:
-            on_decode(window.state, prompt, win)
+            on_decode(window.state, prompt, win, WindowSpan(seek * HOP_LENGTH, len(audio)))
         window_segs, advance, keep = _window_segments(model, opts, win, seek, window_frames, stats)
         if opts.word_timestamps and window_segs:  # on the final tokens: the same for every decode method
             aligned = add_word_timestamps(

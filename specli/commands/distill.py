@@ -20,6 +20,7 @@ from specli.commands.distill_audio_lm import (audio_lm_training, check_flags, is
                                               run_audio_lm_data)
 from specli.commands.distill_audio_lm import DATA_FLAGS as AUDIO_LM_DATA_FLAGS
 from specli.commands.distill_audio_lm import TRAIN_FLAGS as AUDIO_LM_TRAIN_FLAGS
+from specli.commands.distill_labels import labels, rebuild_shards
 from specli.commands.distill_speech import TrainFn, is_speech_preset, run_speech_data, speech_training
 from specli.commands.interrupt import report_interrupt
 from specli.distill.data import generate, load_windows, open_manifest
@@ -43,6 +44,10 @@ def distill() -> None:
     """Distil a drafter from a preset's target: an EAGLE Speech-Draft head (Whisper presets) or a
     DSpark / DFlash / EAGLE-3 drafter (synthesis presets, e.g. cosyvoice3-ar). Options marked 'Whisper
     presets:' or 'Synthesis presets:' are for that family only (an error with the other's)."""
+
+
+distill.add_command(labels)
+distill.add_command(rebuild_shards)
 
 
 def _load_target(preset_name: str, dtype: str | None = None) -> WhisperModel:

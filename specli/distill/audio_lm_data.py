@@ -77,7 +77,7 @@ def file_records(model, path: Path, opts: TranscribeOptions) -> list[dict]:
     windows: list[tuple[torch.Tensor, list[int], int]] = []
     eot = model.speech_hooks().eot
 
-    def record(state, prompt: list[int], win: WindowDecode) -> None:
+    def record(state, prompt: list[int], win: WindowDecode, _span) -> None:
         res = win.result
         windows.append((state.audio[0].clone(), list(prompt) + res.tokens + [eot] * res.finished, len(prompt)))
 

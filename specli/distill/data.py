@@ -12,7 +12,10 @@ tensors and ints only; read back with ``torch.load(weights_only=True)``) hold pe
 * ``tokens`` int64 ``[T]``: prompt + sampled (+ eot), ``plen`` int: prompt length;
 * ``audio`` fp16 ``[audio_ctx, d]``: the encoder output the head cross-attends to (recomputing it
   from mel would cost an encoder forward per window per epoch);
-* ``low`` / ``mid`` / ``last`` fp16 ``[T, d]``: the target's hidden states of every row.
+* ``low`` / ``mid`` / ``last`` fp16 ``[T, d]``: the target's hidden states of every row;
+* ``start`` / ``samples`` ints: the window's first sample and length in its file (16 kHz), ``temperature``
+  float: the temperature of the kept decode (:mod:`specli.distill.labels` keeps these, the tokens and the
+  file's sha256 as small committed labels, and rebuilds the tensors from them).
 
 Per window that is ``audio_ctx * d * 2 + 3 * T * d * 2`` bytes: 1.15 MB + 2.3 KB/token for
 tiny (d=384), 1.5 MB + 3 KB/token for base (d=512). ``manifest.json`` lists the finished inputs;
@@ -21,6 +24,7 @@ a rerun skips them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,7 +38,9 @@ from specli.asr.drafters.eagle_head import target_fingerprint
 from specli.asr.fallback import AR, WindowDecode
 from specli.models.whisper.loader import WhisperModel
 from specli.asr.scheduler import transcribe_batched
-from specli.asr.windows import TranscribeOptions, WindowObserver, transcribe_steps, transcribe_stream
+from specli.asr.windows import (TranscribeOptions, WindowObserver, WindowSpan, transcribe_steps,
+                                transcribe_stream)
+from specli.core.device import DTYPES
 from specli.errors import SpecliError
 
 MANIFEST = "manifest.json"
@@ -68,7 +74,7 @@ def read_manifest(out: Path, model: WhisperModel | None = None) -> dict:
     return open_manifest(out, target_fingerprint(model.target.dims), model.name)
 
 
-def _write_manifest(out: Path, manifest: dict) -> None:
+def write_manifest(out: Path, manifest: dict) -> None:
     write_atomic(out / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
 
 
@@ -78,19 +84,26 @@ def add_shard(out: Path, manifest: dict, key: str, records: list[dict], **info) 
     write_atomic_with(out / shard, lambda fh: torch.save({"windows": records}, fh))
     manifest["done"][key] = {"shard": shard, "windows": len(records), **info}
     manifest["next_shard"] += 1
-    _write_manifest(out, manifest)
+    write_manifest(out, manifest)
     return shard
 
 
 def _recorder(windows: list[dict], eot: int) -> WindowObserver:
-    """A window observer that records each window's encoder output, prompt and kept tokens."""
+    """A window observer that records each window's encoder output, prompt, kept tokens, span and temperature."""
 
-    def record(state, prompt: list[int], win: WindowDecode) -> None:
+    def record(state, prompt: list[int], win: WindowDecode, span: WindowSpan) -> None:
         res = win.result
         tokens = list(prompt) + res.tokens + ([eot] if res.finished else [])
-        windows.append({"audio": state.audio_features[0], "tokens": tokens, "plen": len(prompt)})
+        windows.append({"audio": state.audio_features[0], "tokens": tokens, "plen": len(prompt),
+                        "start": span.start, "samples": span.samples, "temperature": win.temperature})
 
     return record
+
+
+def _records(model: WhisperModel, windows: list[dict]) -> list[dict]:
+    """Shard records of recorded windows: :func:`window_record` plus where each window lies and its temperature."""
+    return [window_record(model, w["audio"], w["tokens"], w["plen"])
+            | {"start": w["start"], "samples": w["samples"], "temperature": w["temperature"]} for w in windows]
 
 
 def window_record(model: WhisperModel, audio: torch.Tensor, tokens: list[int], plen: int) -> dict:
@@ -110,7 +123,7 @@ def file_records(model: WhisperModel, path: Path, opts: TranscribeOptions = Tran
     """Transcribe ``path`` as inference does (``opts``: fallback included) and return its windows' records."""
     windows: list[dict] = []
     transcribe_stream(model, iter_audio_chunks(path), opts, on_decode=_recorder(windows, model.special.eot))
-    return [window_record(model, w["audio"], w["tokens"], w["plen"]) for w in windows]
+    return _records(model, windows)
 
 
 def _labelled(model: WhisperModel, paths: Sequence[Path], opts: TranscribeOptions,
@@ -137,7 +150,7 @@ def _labelled(model: WhisperModel, paths: Sequence[Path], opts: TranscribeOption
         if isinstance(result, SpecliError):
             yield path, result
         else:
-            yield path, [window_record(model, w["audio"], w["tokens"], w["plen"]) for w in windows]
+            yield path, _records(model, windows)
 
 
 def generate(
@@ -152,6 +165,7 @@ def generate(
         raise ValueError("batch_size must be >= 1")
     out.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out, model)
+    manifest.setdefault("dtype", dtype_name(model))
     todo = list(dict.fromkeys(Path(p) for p in inputs if str(Path(p).resolve()) not in manifest["done"]))
     skipped, windows, done = len(inputs) - len(todo), 0, 0
     failed: list[SpecliError] = []
@@ -160,14 +174,25 @@ def generate(
             failed.append(records)
             continue
         shard = add_shard(out, manifest, str(path.resolve()), records, task=options.task,
-                          timestamps=options.timestamps, language=options.language)
+                          timestamps=options.timestamps, language=options.language, sha256=file_sha256(path))
         done, windows = done + 1, windows + len(records)
         if progress is not None:
             progress(f"{path}: {len(records)} window(s) -> {shard}", skipped + done, len(inputs))
-    _write_manifest(out, manifest)
+    write_manifest(out, manifest)
     if failed:
         raise failed[0]
     return DataSummary(done, skipped, windows)
+
+
+def dtype_name(model: WhisperModel) -> str:
+    """The preset name of the target's numeric type (``int8`` for the weight-only int8 decoder)."""
+    return next(name for name, dt in DTYPES.items() if dt == model.target.dtype)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (hex): labels name their audio by it."""
+    with Path(path).open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def load_windows(data_dir: Path) -> list[dict]:

@@ -25,6 +25,7 @@ The repo's samples/ recordings are never written to a training folder.
     python scripts/make_distill_audio.py --out distill-audio
     python scripts/make_distill_audio.py --out /work/distill/audio --espeak 1200 --extra 1800 --multi 400
     python scripts/make_distill_audio.py --out /work/distill/audio --espeak 1200 --multi 400 --heldout-only
+    python scripts/make_distill_audio.py --out /work/distill/audio --recordings-only   # real speech first
 """
 
 from __future__ import annotations
@@ -241,7 +242,12 @@ def main() -> None:
     ap.add_argument("--multi-only", action="store_true", help="make the --multi part alone (sources-multi.tsv)")
     ap.add_argument("--heldout-only", action="store_true",
                     help="write the held-out folders alone (the same clips as a full run with the same counts)")
+    ap.add_argument("--recordings-only", action="store_true",
+                    help="write the real training recordings alone (asterisk-core-sounds-*: the same clips as a full "
+                         "run), e.g. to label real speech first")
     args = ap.parse_args()
+    if args.recordings_only:
+        return recordings_only(args)
     check_festival_voices({FESTIVAL_DEFAULT, *(v for vs in FESTIVAL_VOICES.values() for v in vs)} if args.multi
                           else {FESTIVAL_DEFAULT})
     rng = random.Random(args.seed)
@@ -281,6 +287,15 @@ def main() -> None:
     if args.multi:
         multilingual(args, texts[need + args.extra :], rows)
     _write_sources(args.out / ("sources-heldout.tsv" if args.heldout_only else "sources.tsv"), args.out, rows)
+
+
+def recordings_only(args: argparse.Namespace) -> None:
+    """OUT/train/asterisk-<lang>/ alone, as a full run writes them, and OUT/sources-recordings.tsv."""
+    rows: list = []
+    for lang in args.languages.split(","):
+        fit, _hold = core_prompts(lang, args.seed)
+        recording_clips(fit, args.out / "train", f"asterisk-{lang}", args.clip_seconds, args.seed + 6, rows)
+    _write_sources(args.out / "sources-recordings.tsv", args.out, rows)
 
 
 def _skip(*_args) -> None:

@@ -249,3 +249,39 @@ class RaggedKVCache(_KVTensors):
     def end(self, n: int) -> None:
         """Lengths do not move: the caller sets each row's accepted length."""
         self._step = None
+
+
+def exact_row_keys(mask: torch.Tensor, tree: bool) -> list[int | torch.Tensor] | None:
+    """Per row of a score, the cache slots it attends to, for row-by-row attention (bf16 targets attend one query
+    at a time, as one-token steps do: masked SDPA over n queries rounds differently): a chain's row r its first ``start + r + 1`` slots (an int), a tree's row its prefix and ancestors (slot indices, in
+    order: the slots its root-to-node path holds after ``cache.compact``, where one-token steps would see them).
+    None where rows differ in mask (a ragged batch): masked SDPA then."""
+    if mask.shape[0] != 1:
+        return None
+    if not tree:
+        n = mask.shape[2]
+        start = mask.shape[3] - n
+        return [start + r + 1 for r in range(n)]
+    return [row.nonzero()[:, 0] for row in mask[0, 0]]
+
+
+def row_keys(k: torch.Tensor, v: torch.Tensor, keys: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values ``[B, H, *, D]`` one row attends to (see :func:`exact_row_keys`)."""
+    if isinstance(keys, int):
+        return k[:, :, :keys], v[:, :, :keys]
+    return k.index_select(2, keys), v.index_select(2, keys)
+
+
+def ragged_row_keys(mask: torch.Tensor) -> list[list[int | torch.Tensor]]:
+    """Per batch row ``b`` and query row ``r`` of a mask ``[B, 1, n, span]`` (rows at their own lengths), the
+    cache slots that query attends to: an int ``k`` where they are the first ``k`` slots (a chain), else their
+    indices in order (a tree). For row-by-row attention across a ragged batch (see :func:`exact_row_keys`)."""
+    out: list[list[int | torch.Tensor]] = []
+    for b in range(mask.shape[0]):
+        rows: list[int | torch.Tensor] = []
+        for r in range(mask.shape[2]):
+            idx = mask[b, 0, r].nonzero()[:, 0]
+            n = idx.numel()
+            rows.append(n if n and int(idx[-1]) == n - 1 else idx)
+        out.append(rows)
+    return out

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specli.core.kv_cache import KVCache, RaggedKVCache
+from specli.core.kv_cache import KVCache, RaggedKVCache, exact_row_keys, ragged_row_keys, row_keys
 from specli.models.layers import Linear
 from specli.models.moe import MoE
 from specli.core.types import HiddenStates, ScoreOutput
@@ -167,6 +167,8 @@ class Qwen2Target:
                  *, prefix: str = "model.", head: Linear | None = None, aux_layers: Sequence[int] = (),
                  device: torch.device | str = "cpu") -> None:
         self.dims, self.dtype = dims, dtype
+        # half precision: a scored chain or tree attends row by row, as one-token steps do (bit-equal logits)
+        self.exact_rows = dtype in (torch.bfloat16, torch.float16)
         self.device = torch.device(device)  # weights, caches and decode tensors live there (head: the caller's)
         weights = {k: v.to(self.device) for k, v in weights.items() if k.startswith((prefix, "lm_head."))}
         if any(not 0 <= i <= dims.layers for i in aux_layers):
@@ -262,10 +264,11 @@ class Qwen2Target:
             positions = cache.positions(b, n, x.device)
         cos, sin = self._rope(positions)  # [B, 1, n, head_dim] each
         mask = cache.begin(b, n, tree_mask, x.device)
+        exact = self._exact_rows(mask, n, tree_mask is not None)
         states = {0: x}
         low = mid = x
         for i, blk in enumerate(self.blocks):
-            x = self._block(blk, i, x, cache, mask, cos, sin)
+            x = self._block(blk, i, x, cache, mask, cos, sin, exact)
             states[i + 1] = x
             if i == 0:
                 low = x
@@ -281,7 +284,8 @@ class Qwen2Target:
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [B, 1, n, D]
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
-    def _block(self, blk: _Block, i: int, x, cache: KVCache | RaggedKVCache, mask, cos, sin) -> torch.Tensor:
+    def _block(self, blk: _Block, i: int, x, cache: KVCache | RaggedKVCache, mask, cos, sin,
+               exact: list[int | torch.Tensor] | None = None) -> torch.Tensor:
         d = self.dims
         b, n, _ = x.shape
         q, k, v = blk.qkv(rms_norm(x, blk.ln1, d.rms_eps)).split(blk.split, dim=-1)
@@ -293,10 +297,33 @@ class Qwen2Target:
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         k_all, v_all = cache.update(i, k, v)  # [B, H_kv, T, D]
+        if exact is None:
+            a = self._attend(q, k_all, v_all, mask)  # [B, H, n, D]
+        else:  # query r of row b alone over its own keys, unmasked: a batch-1 one-token step's call
+            a = torch.cat([torch.cat([self._attend(q[rows, :, r : r + 1], *row_keys(k_all[rows], v_all[rows], keys),
+                                                   None) for r, keys in enumerate(row_keys_of)], 2)
+                           for rows, row_keys_of in exact], 0)
+        a = a.transpose(1, 2).reshape(b, n, d.heads * d.head_dim)
+        x = x + blk.o(a)
+        return x + blk.mlp(rms_norm(x, blk.ln2, d.rms_eps))
+
+    def _exact_rows(self, mask: torch.Tensor | None, n: int, tree: bool) -> list[tuple[slice, list]] | None:
+        """Half precision after a prefix: ``(batch rows, per query row the keys it attends to)`` for row-by-row
+        attention, each query computed exactly as a batch-1 one-token step computes it (so verification and
+        batched rows equal AR at batch 1 bit for bit); None for masked SDPA (float32, or a prefill into an empty
+        cache: the same call in every decoding mode)."""
+        if not self.exact_rows or mask is None or mask.shape[-1] <= n:
+            return None
+        if mask.shape[0] == 1:  # every row at one length: the same keys for all
+            return [(slice(None), exact_row_keys(mask, tree))]
+        return [(slice(b, b + 1), keys) for b, keys in enumerate(ragged_row_keys(mask))]
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Grouped-query attention of ``q [B, H, n, D]`` over ``k``/``v [B, H_kv, T, D]`` -> ``[B, H, n, D]``."""
+        d = self.dims
+        b, _, n, _ = q.shape
         groups = d.heads // d.kv_heads
         qg = q.reshape(b, d.kv_heads, groups * n, d.head_dim)  # query heads of one group share K/V
         mg = None if mask is None else mask.expand(-1, groups, -1, -1).reshape(mask.shape[0], 1, groups * n, -1)
-        a = F.scaled_dot_product_attention(qg, k_all, v_all, attn_mask=mg)  # [B, H_kv, groups * n, D]
-        a = a.view(b, d.heads, n, d.head_dim).transpose(1, 2).reshape(b, n, d.heads * d.head_dim)
-        x = x + blk.o(a)
-        return x + blk.mlp(rms_norm(x, blk.ln2, d.rms_eps))
+        a = F.scaled_dot_product_attention(qg, k, v, attn_mask=mg)  # [B, H_kv, groups * n, D]
+        return a.view(b, d.heads, n, d.head_dim)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from specli.core.device import activation_dtype
-from specli.core.kv_cache import KVCache, RaggedKVCache
+from specli.core.kv_cache import KVCache, RaggedKVCache, exact_row_keys, row_keys
 from specli.core.types import HiddenStates, ScoreOutput
 from specli.models.whisper.compiled import CompiledEncoder, compile_encoder
 from specli.models.layers import Int8Linear, Linear, cross_attention, cross_kv_dtype, layer_norm
@@ -145,27 +145,6 @@ def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     b, h, n, d = x.shape
     return x.transpose(1, 2).reshape(b, n, h * d)
-
-
-def _exact_keys(mask: torch.Tensor, tree: bool) -> list[int | torch.Tensor] | None:
-    """Per row of a score, the cache slots it attends to, for row-by-row attention (``_decoder_block``): a chain's
-    row r its first ``start + r + 1`` slots (an int), a tree's row its prefix and ancestors (slot indices, in
-    order: the slots its root-to-node path holds after ``cache.compact``, where one-token steps would see them).
-    None where rows differ in mask (a ragged batch): masked SDPA then."""
-    if mask.shape[0] != 1:
-        return None
-    if not tree:
-        n = mask.shape[2]
-        start = mask.shape[3] - n
-        return [start + r + 1 for r in range(n)]
-    return [row.nonzero()[:, 0] for row in mask[0, 0]]
-
-
-def _keys(k: torch.Tensor, v: torch.Tensor, keys: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys and values ``[B, H, *, D]`` one row attends to (see :func:`_exact_keys`)."""
-    if isinstance(keys, int):
-        return k[:, :, :keys], v[:, :, :keys]
-    return k.index_select(2, keys), v.index_select(2, keys)
 
 
 class WhisperTarget:
@@ -340,7 +319,7 @@ class WhisperTarget:
         mask = cache.begin(b, n, None if tree_mask is None else tree_mask.to(self.device), self.device)
         # bf16 / int8 rows at one length: attention row by row, each exactly as a one-token step computes it
         # (SDPA over n masked queries rounds differently where the key count crosses its block boundaries)
-        exact = _exact_keys(mask, tree_mask is not None) if self.exact_rows and mask is not None else None
+        exact = exact_row_keys(mask, tree_mask is not None) if self.exact_rows and mask is not None else None
         low = mid = x
         for i, blk in enumerate(self.dec_blocks):
             x = self._decoder_block(blk, i, x, state, mask, heads, exact)
@@ -404,7 +383,7 @@ class WhisperTarget:
         q, k, v = (_split_heads(a[n](h), heads) for n in ("q", "k", "v"))
         k_all, v_all = state.cache.update(i, k, v)
         if exact is not None:  # row r attends to its own keys only, unmasked: a one-token step's call
-            att = torch.cat([F.scaled_dot_product_attention(q[:, :, r : r + 1], *_keys(k_all, v_all, keys))
+            att = torch.cat([F.scaled_dot_product_attention(q[:, :, r : r + 1], *row_keys(k_all, v_all, keys))
                              for r, keys in enumerate(exact)], 2)
         else:
             att = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)

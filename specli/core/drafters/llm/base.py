@@ -84,6 +84,8 @@ class SpeechDraftConfig:
     rope_theta: float = 1000000.0  # RoPE base
     max_positions: int = 32768  # positions the RoPE tables may reach
     head_bias: bool = False  # the target's head has a bias (CosyVoice2's llm_decoder), kept in the draft head
+    eagle_zero_row: bool = True  # EAGLE-3: a draft row for position 0 ([embed(x_0); 0], specli's training); False:
+    # rows start at position 1 (SpecForge / SGLang: row t is [embed(x_{t+1}); g_t]), position 0 is never attended
     extra: dict = field(default_factory=dict, compare=False)  # free-form metadata (token layout, training)
 
     def __post_init__(self) -> None:

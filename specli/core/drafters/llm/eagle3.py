@@ -9,6 +9,11 @@ o_{P+j-1}]`` (its own previous output); ``norm`` then the target's head (draft-v
 the logits, which the request's logit filter turns into ``q``. Training unrolls the same steps
 (test-time training, :meth:`Eagle3Module.forward_train`): step ``j`` of the row at position ``r``
 sees the step-0 rows up to ``r - j`` and its own chain's earlier steps.
+
+Row 0: specli's own drafters keep a row ``[embed(x_0); 0]`` (``config.eagle_zero_row``). SpecForge / SGLang
+have none (their row ``t`` is ``[embed(x_{t+1}); g_t]`` at position ``t``, one less than here: RoPE is relative,
+so only the missing row matters); with ``eagle_zero_row`` False position 0 is cached but never attended (nor
+trained: anchor 0 gets no target).
 """
 
 from __future__ import annotations
@@ -69,9 +74,12 @@ class Eagle3Module(SpeechDraftModule):
         hidden = torch.cat([g.new_zeros(b, 1, g.shape[-1]), g[:, :-1]], 1)  # row r reads g_{r-1}
         positions = torch.arange(t, device=dev).expand(b, t)
         rows = torch.arange(t, device=dev)
+        skip_row0 = not self.config.eagle_zero_row  # SpecForge: position 0 is no key (row 0 sees itself alone)
         ks, vs, outs = [], [], []
         for j in range(s):
             masks = [rows[None, :] <= (rows - j)[:, None]]  # step-0 keys up to the anchor r - j
+            if skip_row0:
+                masks[0] = masks[0] & ((rows[None, :] > 0) | (rows[:, None] == 0))
             masks += [rows[None, :] == (rows - j + i)[:, None] for i in range(1, j + 1)]
             mask = torch.cat(masks, -1)[None]  # [1, T, (j + 1) * T]
             k_pre = torch.cat(ks, 2) if ks else None
@@ -85,7 +93,10 @@ class Eagle3Module(SpeechDraftModule):
         idx = (rows[:, None] + torch.arange(s, device=dev)).clamp(max=t - 1)  # row of anchor a at step j
         per_anchor = logits[:, idx, torch.arange(s, device=dev)]  # [B, T(anchor), S, Vd]
         pos = rows[:, None] + torch.arange(s, device=dev) + 1
-        pos = torch.where(pos < t, pos, torch.full_like(pos, -1)).expand(b, t, s)
+        pos = torch.where(pos < t, pos, torch.full_like(pos, -1))
+        if skip_row0:
+            pos[0] = -1  # anchor 0 (x_0 with no target state) is not a SpecForge row
+        pos = pos.expand(b, t, s)
         return DraftTrainOutput(per_anchor, pos.contiguous())
 
 
@@ -135,7 +146,7 @@ class Eagle3Drafter:
             mask = torch.ones(pos - start, pos, dtype=torch.bool, device=dev)
             mask[:, start:] = torch.ones(pos - start, pos - start, dtype=torch.bool, device=dev).tril()
             k_pre, v_pre = self._kv.view(0, start)
-            _, k, v = mod.step(toks, prev, positions, k_pre, v_pre, mask[None])
+            _, k, v = mod.step(toks, prev, positions, k_pre, v_pre, mask[None])  # kept: k, v (mask-free)
             self._kv.write(0, start, k, v)
             self._kv.length = pos
         return pos
@@ -149,13 +160,18 @@ class Eagle3Drafter:
         sampled = request.tokens[request.prompt_len :]
         draft, conf, q_rows, alts = [], [], [], []
         tok, hidden, survival = request.tokens[-1], self._g[pos - 1 : pos][None] if pos else None, 1.0
+        hide_row0 = not mod.config.eagle_zero_row and pos > 0  # SpecForge / SGLang: no key at position 0
         if hidden is None:
             hidden = self._g.new_zeros(1, 1, self._g.shape[1])
         for j in range(min(request.budget, MAX_STEPS)):
             n = self._kv.length
             k_pre, v_pre = self._kv.view(0, n)
+            mask = None
+            if hide_row0:
+                mask = torch.ones(1, 1, n + 1, dtype=torch.bool, device=dev)
+                mask[..., 0] = False
             out, k, v = mod.step(torch.tensor([[tok]], device=dev), hidden, torch.tensor([[pos + j]], device=dev),
-                                 k_pre, v_pre, None)
+                                 k_pre, v_pre, mask)
             self._kv.write(0, n, k, v)
             self._kv.length = n + 1
             full = mod.scatter_full(mod.head(mod.norm(out))[0, 0])

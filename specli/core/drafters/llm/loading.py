@@ -1,9 +1,10 @@
 """Build a DSpark / DFlash / EAGLE-3 drafter for a speech-token (or any Qwen2) target.
 
-A drafter is a directory (speculators format or z-lab DFlash) given by path, or a name resolved
-offline as ``$SPECLI_MODELS_DIR/<name>`` (nothing is downloaded). Loading attaches the drafter's
-auxiliary layers to the target (converted to the target's layer-input convention), maps token ids
-when the directory records another layout, and wraps the module for the preset's strategy:
+A drafter is a directory (speculators format, z-lab DFlash or SpecForge's EAGLE-3 ``LlamaForCausalLMEagle3``,
+told apart by config.json) given by path, or a name resolved offline as ``$SPECLI_MODELS_DIR/<name>``
+(nothing is downloaded). Loading attaches the drafter's auxiliary layers to the target (converted to the
+target's layer-input convention), maps token ids when the directory records another layout, and wraps the
+module for the preset's strategy:
 ``chain`` (plain), ``adaptive`` (confidence truncation), ``sparse-tree`` (alternatives at
 low-confidence slots) or ``recycling`` (rejected tails re-proposed; SpecASR).
 """
@@ -20,6 +21,7 @@ from specli.core.drafters.llm.dflash import BlockDraftModule, BlockDrafter
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, Eagle3Module
 from specli.core.drafters.recycling import RecyclingDrafter
 from specli.core.drafters.llm.base import KINDS, SpeechDraftModule, attach_aux_layers
+from specli.core.drafters.llm.specforge import drafter_format, load_specforge_eagle3
 from specli.core.drafters.llm.speculators import load_speech_drafter
 from specli.errors import ModelLoadError
 
@@ -63,8 +65,9 @@ def resolve_drafter_dir(name_or_dir: str) -> Path:
 
 
 def _checked(path: Path) -> Path:
-    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
-        raise ModelLoadError(f"drafter {path}: needs config.json and *.safetensors")
+    weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
+    if not (path / "config.json").is_file() or not weights:
+        raise ModelLoadError(f"drafter {path}: needs config.json and *.safetensors (SpecForge: or pytorch_model.bin)")
     return path
 
 
@@ -82,7 +85,11 @@ def wrap(module: SpeechDraftModule, options: SpeechDraftOptions = SpeechDraftOpt
 def load_drafter(name_or_dir: str, target, options: SpeechDraftOptions = SpeechDraftOptions(),
                  kind: str | None = None, layout=None) -> Drafter:
     """Load a drafter directory for ``target`` (checks ``kind`` when given), attach its layers, wrap it."""
-    module = load_speech_drafter(resolve_drafter_dir(name_or_dir), target, layout)
+    path = resolve_drafter_dir(name_or_dir)
+    if drafter_format(path) == "specforge-eagle3":
+        module: SpeechDraftModule = load_specforge_eagle3(path, target, layout)
+    else:
+        module = load_speech_drafter(path, target, layout)
     if kind is not None and kind in KINDS and module.config.kind != kind:
         raise ModelLoadError(f"drafter {name_or_dir!r} is a {module.config.kind} drafter, the preset expects {kind}")
     try:

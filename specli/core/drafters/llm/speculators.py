@@ -82,7 +82,7 @@ def save_speculators(module: SpeechDraftModule, out: str | Path, training: dict 
                                "proposal_methods": [{"proposal_type": "greedy",
                                                      "speculative_tokens": cfg.drafts_per_block}]},
         "specli": {"aux_layer_convention": cfg.aux_convention, "head_bias": cfg.head_bias,
-                   "qk_norm": cfg.qk_norm, "training": training or {},
+                   "qk_norm": cfg.qk_norm, "eagle_zero_row": cfg.eagle_zero_row, "training": training or {},
                    # ids in this file are native (a loaded drafter was mapped already)
                    "extra": {k: v for k, v in cfg.extra.items() if k != "token_layout"}},
     }
@@ -144,7 +144,8 @@ def _config_from(meta: dict, weights: dict, parts: TargetParts, rows_kept: int, 
         rms_eps=float(lc.get("rms_norm_eps", parts.rms_eps)),
         rope_theta=float(rope.get("rope_theta", lc.get("rope_theta", parts.rope_theta))),
         max_positions=int(lc.get("max_position_embeddings", parts.max_positions)),
-        head_bias=bool(mine.get("head_bias", False)), extra={"source": "z-lab" if zlab else "speculators"})
+        head_bias=bool(mine.get("head_bias", False)), eagle_zero_row=bool(mine.get("eagle_zero_row", True)),
+        extra={"source": "z-lab" if zlab else "speculators"})
 
 
 def _layout_for(meta: dict, target, layout: VocabLayout | None) -> VocabLayout | None:

@@ -301,3 +301,28 @@ def test_batched_sampling_follows_each_rows_distribution(monkeypatch):
     monkeypatch.setattr(speculative, "verify", accept_all)
     broken = _first_tokens(runs, PerRowDrafters(lambda: ModelDrafter(OTHER, share_encoder=True)))
     assert max(tv(broken[kind], p[kind]) - 2 * bound[kind] for kind in KINDS) > 0
+
+
+@settings(max_examples=4, deadline=None)
+@given(rows=st.lists(ROW, min_size=1, max_size=6), capacity=st.integers(1, 4), limit=st.integers(1, 3))
+@pytest.mark.parametrize("name", ["always-right", "eagle-batched", "ngram-pool"])
+def test_max_draft_rows_drafts_only_while_few_rows_are_active(name, rows, capacity, limit):
+    """SpecOptions.max_draft_rows: output still equals AR; a row admitted beside ``limit`` others never drafts,
+    and with the limit at the capacity drafting is as before."""
+    jobs = _jobs(rows)
+    ar = dict(decode_all(TARGET, jobs, capacity))
+    spec = dict(decode_all(TARGET, jobs, capacity, drafter=DRAFTERS[name](0),
+                           options=SpecOptions(max_draft=4, max_draft_rows=limit)))
+    for job in jobs:
+        _same(spec[job.key], ar[job.key])
+    if capacity <= limit:
+        return
+    crowded = [job.key for job in jobs[limit:capacity]]  # admitted at the start beside `limit` others
+    assert all(spec[k].stats.drafted == 0 for k in crowded)
+
+
+def test_max_draft_rows_lets_a_lone_row_draft():
+    jobs = _jobs([(1, [], True, 20, 9)])
+    (_key, alone), = decode_all(TARGET, jobs, 4, drafter=DRAFTERS["always-right"](0),
+                                options=SpecOptions(max_draft=4, max_draft_rows=1))
+    assert alone.stats.drafted > 0 and alone.stats.target_forwards < len(alone.tokens)

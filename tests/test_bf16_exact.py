@@ -72,3 +72,26 @@ def test_bf16_speculative_greedy_equals_bf16_greedy(seed, kind, max_draft, times
     out = speculative_decode(TARGET, window(TARGET, seed), DecodeJob(prompt, rules, EOT, 40), drafter,
                              SpecOptions(max_draft=max_draft))
     assert out.tokens == ref.tokens and out.finished == ref.finished
+
+
+@settings(max_examples=10, deadline=None)
+@given(seeds=st.lists(st.integers(0, 40), min_size=2, max_size=6), capacity=st.integers(2, 4),
+       drafting=st.booleans())
+def test_bf16_ragged_batches_equal_batch_one_greedy(seeds, capacity, drafting):
+    """Rows at their own lengths (continuous batching) attend query by query over their own keys, as batch-1
+    one-token steps do: bf16 batched AR (and batched speculative) rows give each window's batch-1 bf16 greedy
+    tokens exactly."""
+    from specli.core.batched import RowJob, decode_all
+    from specli.core.drafters.batched import PerRowDrafters
+
+    jobs = []
+    for key, seed in enumerate(seeds):
+        w = window(TARGET, seed)
+        prompt = [SOT] + [NO_TS] * (key % 2)  # timestamps on every other row: rows drift apart in length
+        jobs.append(RowJob(key, (w.audio_features, w.features), DecodeJob(prompt, tiny_rules(key % 2 == 0), EOT,
+                                                                           10 + 5 * key)))
+    ref = {j.key: greedy_decode(TARGET, window(TARGET, seeds[j.key]), j.job) for j in jobs}
+    drafter = PerRowDrafters(AlwaysWrongDrafter) if drafting else None
+    got = dict(decode_all(TARGET, jobs, capacity, drafter=drafter, options=SpecOptions(max_draft=3)))
+    for key, res in ref.items():
+        assert got[key].tokens == res.tokens and got[key].finished == res.finished, key

@@ -121,7 +121,7 @@ With ``vad``, the file is read fully and only its speech is transcribed (``specl
 :func:`file_steps` (same arguments), answering each request on its own.""")
 
 
-DEFAULT_BATCH_SIZE = 4  # the CLI's files in flight: fastest measured on 2-vCPU machines (README, "Batch sizes")
+DEFAULT_BATCH_SIZE = 8  # the CLI's files in flight: fastest measured on 2-vCPU machines (docs/benchmarks/whisper-cpu)
 
 
 def batch_size_for(model: WhisperModel, decode, batch_size: int) -> tuple[int, str | None]:
@@ -217,7 +217,8 @@ def run_batch(
             skipped[i] = _skip(item, formats, settings, mode, on_redo)
             yield i, None if skipped[i] else item.path
 
-    results = transcribe_files(model, todo(), opts, decode, batch_size, on_window, vad)
+    # more files in flight than there are files only costs: one file decodes best on the batch-1 path
+    results = transcribe_files(model, todo(), opts, decode, min(batch_size, max(len(items), 1)), on_window, vad)
     yield from _in_input_order((i, skipped.pop(i) or _write(items[i], result, formats, settings, subtitles))
                                for i, result in results)
 
@@ -293,7 +294,7 @@ def transcribe(
     found, bad = discover(str(i) for i in inputs)
     yield from bad
     paths = [path for path, _root in found]
-    results = transcribe_files(engine.model, enumerate(paths), options, engine.decode, batch_size, vad=vad,
-                               errors=(SpecliError,))
+    results = transcribe_files(engine.model, enumerate(paths), options, engine.decode,
+                               min(batch_size, max(len(paths), 1)), vad=vad, errors=(SpecliError,))
     yield from _in_input_order((i, Outcome(paths[i], error=str(r)) if isinstance(r, Exception)
                                 else Outcome(paths[i], result=r)) for i, r in results)

@@ -76,7 +76,7 @@ def build_decoder(preset: Preset, target: WhisperModel, language: str | None = N
     costs = OnlineCosts(DRAFT_COST_PRIOR) if preset.draft_length == "goodput" else None
     return DecodeMethod(build_drafter(preset, target, language),
                         SpecOptions(max_draft=min(preset.max_draft, 24), stop_below=preset.stop_drafting_below,
-                                    costs=costs))
+                                    costs=costs, max_draft_rows=preset.max_draft_rows or None))
 
 
 @dataclass(frozen=True)

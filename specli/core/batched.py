@@ -65,6 +65,7 @@ class _Row:
     probed: float | None = None  # the job's probe, once read
     finished: bool = False
     ctrl: GoodputController | None = None  # this row's goodput draft-length rule (SpecOptions.costs)
+    plain: bool = False  # decodes without drafts from now on (SpecOptions.max_draft_rows): no proposals, no commits
     t_start: float = field(default_factory=time.perf_counter)
 
     @property
@@ -120,6 +121,7 @@ class BatchDecoder:
         if self.options.costs is not None:
             row.ctrl = GoodputController(self.options.costs)
         slot = len(self.rows)
+        row.plain = not self._may_draft(slot + 1)
         self.target.admit(self.state, slot, row_job.context)
         view = self.target.row_state(self.state, slot, row_job.context)
         first = prefill(self.target, view, job, len(job.prompt) - 1)
@@ -148,7 +150,7 @@ class BatchDecoder:
         t2 = time.perf_counter()
         if self.drafter is not None:
             for b, row in enumerate(self.rows):
-                if not row.finished:
+                if not row.finished and not row.plain:
                     self.drafter.commit(b, row.tokens)
         t3 = time.perf_counter()
         share, widest = 1.0 / len(self.rows), max(len(p) for p in proposals)
@@ -166,9 +168,17 @@ class BatchDecoder:
         """Each active row's draft (empty without a drafter or without room)."""
         if self.drafter is None:
             return [EMPTY] * len(self.rows)
+        if not self._may_draft(len(self.rows)):
+            for row in self.rows:
+                row.plain = True  # its drafter state stops following it: it never drafts again
+        if all(row.plain for row in self.rows):
+            return [EMPTY] * len(self.rows)
         requests: list[DraftRequest | None] = []
         for b, row in enumerate(self.rows):
             job = row.job
+            if row.plain:
+                requests.append(None)
+                continue
             if row.ctrl is not None:
                 row.ctrl.rows = len(self.rows)  # a forward scores every active row
             room = draft_room(self.options, row.stats, row.ctrl, job.max_new_tokens - row.sampled - 1,
@@ -179,6 +189,11 @@ class BatchDecoder:
                                                                row.filt, job.sampling.greedy, row.gen, keep))
         return self.drafter.propose(requests)
 
+    def _may_draft(self, rows: int) -> bool:
+        """Whether a step over ``rows`` active rows may draft (SpecOptions.max_draft_rows)."""
+        limit = self.options.max_draft_rows
+        return self.drafter is not None and (limit is None or rows <= limit)
+
     def _accept(self, b: int, row: _Row, proposal: DraftProposal, out) -> None:
         """Verify row ``b``'s draft against its rows of ``out`` and commit what it accepts."""
         job, cache, n = row.job, self.state.cache, len(proposal)
@@ -188,7 +203,7 @@ class BatchDecoder:
         cache.keep(b, start, [start] + [start + 1 + i for i in kept])
         if row.stats.verify_steps == 0 and row.probed is None:  # the first step scored the pending prompt token
             row.probed = probe_at(job, plen - 1, out.logits[b, 0])
-        if self.drafter is not None:
+        if self.drafter is not None and not row.plain:
             rows = [0] + [i + 1 for i in kept]
             h = out.hidden
             row.hidden = HiddenStates(h.low[b : b + 1, rows], h.mid[b : b + 1, rows], h.last[b : b + 1, rows],

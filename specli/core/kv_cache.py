@@ -285,3 +285,21 @@ def ragged_row_keys(mask: torch.Tensor) -> list[list[int | torch.Tensor]]:
             rows.append(n if n and int(idx[-1]) == n - 1 else idx)
         out.append(rows)
     return out
+
+
+RowPlan = list[tuple[slice, list[int | torch.Tensor]]]  # (batch rows, per query row the keys it attends to)
+
+
+def row_plan(mask: torch.Tensor, tree: bool) -> RowPlan:
+    """How to attend query by query under ``mask [B or 1, 1, n, span]``: one entry for all batch rows when they
+    share a mask (one length), else one per row (a ragged batch)."""
+    if mask.shape[0] == 1:
+        return [(slice(None), exact_row_keys(mask, tree))]
+    return [(slice(b, b + 1), keys) for b, keys in enumerate(ragged_row_keys(mask))]
+
+
+def attend_by_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: RowPlan, attend) -> torch.Tensor:
+    """``attend(q_row, k_row, v_row)`` for every query row of ``q [B, H, n, D]`` alone over its own keys (a
+    batch-1 one-token step's call), concatenated back to ``[B, H, n, D]``."""
+    return torch.cat([torch.cat([attend(q[rows, :, r : r + 1], *row_keys(k[rows], v[rows], keys))
+                                 for r, keys in enumerate(per_query)], 2) for rows, per_query in plan], 0)

@@ -40,12 +40,18 @@ class SpecOptions:
     # expected committed tokens per second under these costs (learnt online or given); None: max_draft and the
     # drafter's own stopping rule
     costs: Costs | None = None
+    # batched decoding drafts only while at most this many rows are active: a row admitted beside as many others
+    # never drafts, and every row decodes plainly while more are active (None: no limit). On the CPU a batched
+    # forward is dear enough that plain rows beat drafted ones (docs/benchmarks/whisper-cpu)
+    max_draft_rows: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft <= 64:
             raise ValueError("max_draft must be within 0..64")
         if not 0.0 <= self.stop_below < 64:
             raise ValueError("stop_below must be within [0, 64)")
+        if self.max_draft_rows is not None and self.max_draft_rows < 1:
+            raise ValueError("max_draft_rows must be >= 1 (or None)")
         if self.verify_backend not in BACKENDS:
             raise ValueError(f"verify_backend must be one of {BACKENDS}")
 

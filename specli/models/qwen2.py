@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specli.core.kv_cache import KVCache, RaggedKVCache, exact_row_keys, ragged_row_keys, row_keys
+from specli.core.kv_cache import KVCache, RaggedKVCache, RowPlan, attend_by_rows, row_plan
 from specli.models.layers import Linear
 from specli.models.moe import MoE
 from specli.core.types import HiddenStates, ScoreOutput
@@ -300,23 +300,19 @@ class Qwen2Target:
         if exact is None:
             a = self._attend(q, k_all, v_all, mask)  # [B, H, n, D]
         else:  # query r of row b alone over its own keys, unmasked: a batch-1 one-token step's call
-            a = torch.cat([torch.cat([self._attend(q[rows, :, r : r + 1], *row_keys(k_all[rows], v_all[rows], keys),
-                                                   None) for r, keys in enumerate(row_keys_of)], 2)
-                           for rows, row_keys_of in exact], 0)
+            a = attend_by_rows(q, k_all, v_all, exact, lambda qr, kr, vr: self._attend(qr, kr, vr, None))
         a = a.transpose(1, 2).reshape(b, n, d.heads * d.head_dim)
         x = x + blk.o(a)
         return x + blk.mlp(rms_norm(x, blk.ln2, d.rms_eps))
 
-    def _exact_rows(self, mask: torch.Tensor | None, n: int, tree: bool) -> list[tuple[slice, list]] | None:
+    def _exact_rows(self, mask: torch.Tensor | None, n: int, tree: bool) -> RowPlan | None:
         """Half precision after a prefix: ``(batch rows, per query row the keys it attends to)`` for row-by-row
         attention, each query computed exactly as a batch-1 one-token step computes it (so verification and
         batched rows equal AR at batch 1 bit for bit); None for masked SDPA (float32, or a prefill into an empty
         cache: the same call in every decoding mode)."""
         if not self.exact_rows or mask is None or mask.shape[-1] <= n:
             return None
-        if mask.shape[0] == 1:  # every row at one length: the same keys for all
-            return [(slice(None), exact_row_keys(mask, tree))]
-        return [(slice(b, b + 1), keys) for b, keys in enumerate(ragged_row_keys(mask))]
+        return row_plan(mask, tree)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Grouped-query attention of ``q [B, H, n, D]`` over ``k``/``v [B, H_kv, T, D]`` -> ``[B, H, n, D]``."""

@@ -100,6 +100,9 @@ class Preset(PresetBase):
     # draft length per step: "fixed" = up to max_draft (and the strategy's confidence rule); "goodput" = as many as
     # maximise expected tokens per second under costs measured in this process (0 included: no drafting)
     draft_length: DraftLength = "fixed"
+    # batched decoding drafts only while at most this many files are in flight: rows that join beside as many
+    # others, and every row once more are active, decode plainly (0 = no limit; CPU measurements: README)
+    max_draft_rows: int = 0
     confidence_threshold: float = 0.0  # adaptive, sparse-tree: the chain stops below it; dynamic-tree: min path prob.
     tree_topk: int = 2  # sparse-tree: alternatives per low-confidence position; dynamic-tree: nodes expanded per level
     tree_threshold: float = 0.6  # sparse-tree: positions below this drafter probability branch
@@ -134,6 +137,8 @@ class Preset(PresetBase):
             raise bad("thresholds must be within [0, 1)")
         if self.ngram < 1:
             raise bad("ngram must be >= 1")
+        if self.max_draft_rows < 0:
+            raise bad("max_draft_rows must be >= 0 (0 = no limit)")
 
 
 def _type_word(kind: type) -> str:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from specli.core.device import activation_dtype
-from specli.core.kv_cache import KVCache, RaggedKVCache, exact_row_keys, row_keys
+from specli.core.kv_cache import KVCache, RaggedKVCache, RowPlan, attend_by_rows, row_plan
 from specli.core.types import HiddenStates, ScoreOutput
 from specli.models.whisper.compiled import CompiledEncoder, compile_encoder
 from specli.models.layers import Int8Linear, Linear, cross_attention, cross_kv_dtype, layer_norm
@@ -319,7 +319,7 @@ class WhisperTarget:
         mask = cache.begin(b, n, None if tree_mask is None else tree_mask.to(self.device), self.device)
         # bf16 / int8 rows at one length: attention row by row, each exactly as a one-token step computes it
         # (SDPA over n masked queries rounds differently where the key count crosses its block boundaries)
-        exact = exact_row_keys(mask, tree_mask is not None) if self.exact_rows and mask is not None else None
+        exact = row_plan(mask, tree_mask is not None) if self.exact_rows and mask is not None else None
         low = mid = x
         for i, blk in enumerate(self.dec_blocks):
             x = self._decoder_block(blk, i, x, state, mask, heads, exact)
@@ -377,14 +377,13 @@ class WhisperTarget:
         return CrossAttention(torch.stack([found[pair] for pair in heads], dim=1), logits)
 
     def _decoder_block(self, blk: _Block, i: int, x: torch.Tensor, state: DecoderState, mask, heads: int,
-                       exact: list[int | torch.Tensor] | None = None) -> torch.Tensor:
+                       exact: RowPlan | None = None) -> torch.Tensor:
         a = blk.self_attn
         h = layer_norm(x, blk.self_ln)
         q, k, v = (_split_heads(a[n](h), heads) for n in ("q", "k", "v"))
         k_all, v_all = state.cache.update(i, k, v)
-        if exact is not None:  # row r attends to its own keys only, unmasked: a one-token step's call
-            att = torch.cat([F.scaled_dot_product_attention(q[:, :, r : r + 1], *row_keys(k_all, v_all, keys))
-                             for r, keys in enumerate(exact)], 2)
+        if exact is not None:  # each query over its own keys only, unmasked: a batch-1 one-token step's call
+            att = attend_by_rows(q, k_all, v_all, exact, F.scaled_dot_product_attention)
         else:
             att = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
         x = x + a["out"](_merge_heads(att))

@@ -176,8 +176,9 @@ def _draft_ids(meta: dict, w: dict, parts: TargetParts, where: Path) -> torch.Te
     rows = int(meta.get("draft_vocab_size") or parts.vocab)
     if "d2t" not in w and rows != parts.vocab:
         raise ModelLoadError(f"drafter {where}: a {rows}-row draft vocabulary needs d2t")
-    d2t = w["d2t"].long().flatten() if "d2t" in w else torch.zeros(rows, dtype=torch.long)
-    ids = torch.arange(d2t.numel()) + d2t
+    dev = w["lm_head.weight"].device  # the checkpoint's tensors (loaded on the CPU)
+    d2t = w["d2t"].long().flatten() if "d2t" in w else torch.zeros(rows, dtype=torch.long, device=dev)
+    ids = torch.arange(d2t.numel(), device=d2t.device) + d2t
     if d2t.numel() != rows or w["lm_head.weight"].shape[0] != rows:
         raise ModelLoadError(f"drafter {where}: draft_vocab_size {rows}, d2t has {d2t.numel()} rows, lm_head.weight "
                              f"{w['lm_head.weight'].shape[0]}")

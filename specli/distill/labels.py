@@ -14,6 +14,7 @@ then one line per audio file ``{"audio", "sha256", "task", "timestamps", "langua
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -96,7 +97,8 @@ def locate(entry: dict, search: Sequence[Path]) -> Path:
     """The audio of a label entry: its recorded path, else a file of the same name under ``search``, checked
     by sha256 either way."""
     recorded = Path(entry["audio"])
-    candidates = [recorded] + [p for d in search for p in sorted(Path(d).rglob(recorded.name))]
+    # lazily: the search folders are walked only when the recorded path is missing or changed
+    candidates = itertools.chain([recorded], (p for d in search for p in sorted(Path(d).rglob(recorded.name))))
     for path in candidates:
         if path.is_file() and file_sha256(path) == entry["sha256"]:
             return path

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from heldout_bench import build_sets  # noqa: E402  (the same held-out sets and references)
+from heldout_bench import build_sets, run_bench  # noqa: E402  (the same held-out sets and references)
 
 REPO = Path(__file__).resolve().parent.parent
 PRESETS = {"base": ("whisper-base-ar", "whisper-eagle-asr", "whisper-eagle-asr-goodput"),
@@ -35,16 +34,9 @@ def run(model: str, name: str, files: list[Path], out: Path, args: argparse.Name
     dest = out / f"{model}-{name}"
     if (dest / "report.json").exists():
         return dest
-    cmd = [sys.executable, "-m", "specli.cli", "bench", *map(str, files), "--presets", ",".join(PRESETS[model]),
-           "--peers", ",".join(PEERS), "--batch-sizes", args.batch_sizes, "--dtype", args.dtype,
-           "--threads", str(args.threads), "--repeat", str(args.repeat), "--references", str(out / "references.tsv"),
-           "--no-plots", "--out", str(dest), "-q"]
-    if name in ("in", "out", "long", "short"):
-        cmd += ["--language", "en"]
-    if name == "translate":
-        cmd += ["--task", "translate"]
-    print(" ".join(cmd[1:]), file=sys.stderr, flush=True)
-    subprocess.run(cmd, check=True)
+    run_bench(name, files, dest, out / "references.tsv",
+              ["--presets", ",".join(PRESETS[model]), "--peers", ",".join(PEERS), "--batch-sizes", args.batch_sizes,
+               "--dtype", args.dtype, "--threads", str(args.threads), "--repeat", str(args.repeat)])
     return dest
 
 

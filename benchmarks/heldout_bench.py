@@ -91,16 +91,22 @@ def run(model: str, name: str, files: list[Path], dtype: str, out: Path, threads
     if (dest / "report.json").exists():
         return dest
     ar, eagle = PRESETS[model]
-    cmd = [sys.executable, "-m", "specli.cli", "bench", *map(str, files), "--presets", f"{ar},{eagle}",
-           "--peers", PEER[dtype], "--dtype", dtype, "--threads", str(threads), "--repeat", str(repeat),
-           "--references", str(out / "references.tsv"), "--no-plots", "--out", str(dest), "-q"]
-    if name in ("in", "out", "long"):
+    run_bench(name, files, dest, out / "references.tsv",
+              ["--presets", f"{ar},{eagle}", "--peers", PEER[dtype], "--dtype", dtype, "--threads", str(threads),
+               "--repeat", str(repeat)])
+    return dest
+
+
+def run_bench(name: str, files: list[Path], dest: Path, references: Path, options: list[str]) -> None:
+    """One ``specli bench`` run of a held-out set (English sets pinned to en, ``translate`` translating)."""
+    cmd = [sys.executable, "-m", "specli.cli", "bench", *map(str, files), *options, "--references", str(references),
+           "--no-plots", "--out", str(dest), "-q"]
+    if name in ("in", "out", "long", "short"):
         cmd += ["--language", "en"]
     if name == "translate":
         cmd += ["--task", "translate"]
     print(" ".join(cmd[1:]), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True)
-    return dest
 
 
 def summary_row(model: str, name: str, dtype: str, dest: Path) -> str:

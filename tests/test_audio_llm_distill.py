@@ -24,7 +24,7 @@ from specli.core.drafters.batched import batch_drafter
 from specli.core.drafters.llm.loading import load_drafter
 from specli.core.greedy import greedy_decode
 from specli.core.speculative import SpecOptions, speculative_decode
-from specli.distill.audio_lm_data import recipe_layers
+from specli.distill.audio_lm_data import recipe_layers, use_layers, window_record
 from specli.distill.data import load_windows
 from specli.models.qwen2_audio.loader import load_qwen2_audio
 from specli.models.speech import WindowPrompt
@@ -151,3 +151,21 @@ def test_trained_drafter_is_lossless_at_batch_1_and_in_ragged_batches(tiny_dir, 
         assert got[key].tokens == res.tokens and got[key].finished == res.finished
     assert torch.equal(torch.tensor(model.target.lm.aux_layers),
                        torch.tensor(drafter.module.config.target_layers()))
+
+
+def test_a_transcript_holding_the_audio_placeholder_is_text_in_its_record(tiny_dir):
+    """A random target may emit its own audio placeholder id; decoding embeds it as text (its positions are past
+    the prompt), so the record's states must too: one prefill of the prompt, then the transcript."""
+    model = load_qwen2_audio(str(tiny_dir), "float32")
+    use_layers(model.target, recipe_layers(model.target))
+    job, state = _window(model, 0, 3.0, 8)
+    prompt = list(job.prompt)
+    transcript = [5, model.target.audio_token, 7, model.target.audio_token]
+    rec = window_record(model.target, state.audio[0], prompt + transcript, len(prompt), "x#0")
+    state.cache.crop(0)
+    model.target.score(state, torch.tensor([prompt]))
+    steps = [model.target.score(state, torch.tensor([[t]])).hidden for t in transcript]
+    want = torch.cat([h.last for h in steps], dim=1)[0].half()  # [4, hidden]: decoded one token at a time
+    assert rec["tokens"].tolist() == prompt + transcript
+    assert torch.allclose(rec["last"][len(prompt):].float(), want.float(), atol=2e-3)
+    assert rec["aux"].shape[:2] == (len(prompt) + 4, len(recipe_layers(model.target)))

@@ -64,12 +64,19 @@ def use_layers(target: AudioLMTarget, layers: Sequence[int]) -> None:
 
 
 def window_record(target: AudioLMTarget, audio: torch.Tensor, tokens: list[int], plen: int, key: str) -> dict:
-    """One window's record: its ids, the stored layers' states and the final state (fp16)."""
+    """One window's record: its ids, the stored layers' states and the final state (fp16). The prompt is one
+    prefill and the transcript a second forward, as in decoding: a transcript token that happens to be the audio
+    placeholder is text there, not an audio row."""
     state = target.start(audio[None], max_len=len(tokens) + 1)
-    h = target.score(state, torch.tensor([tokens], dtype=torch.long)).hidden
-    return {"tokens": torch.tensor(tokens, dtype=torch.long), "plen": plen, "id": key,
-            "aux": torch.stack([a[0] for a in h.aux], dim=1).half().cpu().clone(),
-            "last": h.last[0].half().cpu().clone()}
+    ids = torch.tensor([tokens], dtype=torch.long)  # [1, n]
+    parts = [target.score(state, ids[:, :plen]).hidden]
+    if len(tokens) > plen:
+        parts.append(target.score(state, ids[:, plen:]).hidden)
+    aux = [torch.cat([h.aux[i] for h in parts], dim=1) for i in range(len(parts[0].aux))]  # each [1, n, hidden]
+    last = torch.cat([h.last for h in parts], dim=1)  # [1, n, hidden]
+    return {"tokens": ids[0], "plen": plen, "id": key,
+            "aux": torch.stack([a[0] for a in aux], dim=1).half().cpu().clone(),
+            "last": last[0].half().cpu().clone()}
 
 
 def file_records(model, path: Path, opts: TranscribeOptions) -> list[dict]:

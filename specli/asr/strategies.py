@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 from specli.core.drafters.base import Drafter
 from specli.asr.drafters.cross_tokenizer import CrossTokenizerDrafter
@@ -15,7 +16,7 @@ from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.drafters.recycling import RecyclingDrafter
 from specli.asr.fallback import AR, DecodeMethod
 from specli.asr.speech import speech_hooks
-from specli.core.goodput import FixedCosts, OnlineCosts
+from specli.core.goodput import FixedCosts, MoECosts, OnlineCosts
 from specli.core.speculative import SpecOptions
 from specli.core.device import dtype_name, resolve_device
 from specli.models.registry import family
@@ -69,11 +70,23 @@ def build_drafter(preset: Preset, target: WhisperModel, language: str | None = N
 DRAFT_COST_PRIOR = FixedCosts(draft_s=0.07, base=1.0, slope=0.08, row_exp=0.2)
 
 
+def goodput_prior(target: object) -> FixedCosts | MoECosts:
+    """The goodput rule's first guess for ``target``: DRAFT_COST_PRIOR, or for a sparse-MoE target (one with a
+    ``moe_profile``) the same with the experts' share scaled by the distinct experts a verification touches, read
+    from the target's expert tally as the process decodes."""
+    profile = target.moe_profile() if hasattr(target, "moe_profile") else None
+    if profile is None:
+        return DRAFT_COST_PRIOR
+    tally = getattr(target, "experts", None)  # an MoE target's ExpertTally
+    observed = None if tally is None else partial(tally.layer_mean, layers=profile.layers)
+    return MoECosts(DRAFT_COST_PRIOR, profile, observed)
+
+
 def build_decoder(preset: Preset, target: WhisperModel, language: str | None = None) -> DecodeMethod:
     """Plain autoregressive decoding for 'ar' presets, else the preset's drafter and speculation settings."""
     if preset.strategy == "ar":
         return AR
-    costs = OnlineCosts(DRAFT_COST_PRIOR) if preset.draft_length == "goodput" else None
+    costs = OnlineCosts(goodput_prior(target.target)) if preset.draft_length == "goodput" else None
     return DecodeMethod(build_drafter(preset, target, language),
                         SpecOptions(max_draft=min(preset.max_draft, 24), stop_below=preset.stop_drafting_below,
                                     costs=costs, max_draft_rows=preset.max_draft_rows or None))

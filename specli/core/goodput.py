@@ -12,11 +12,16 @@ per batch rows and scored tokens, starting from a prior) or given (:class:`Fixed
 Drafting stops when one more token lowers the goodput, and does not start when even a likely first token
 does not pay: on a CPU where verifying 2 tokens costs twice one, or batched rows that make every forward
 expensive, speculation switches itself off. Draft lengths never change the output: only how fast it comes.
+
+Sparse-MoE targets (:class:`MoECosts`): a forward over ``n`` tokens reads the weights of every distinct expert its
+tokens route to, up to ``top_k x n`` a layer instead of ``top_k``; the expert share of a forward's cost grows with
+the distinct experts touched (observed by the target's tally, else expected under uniform routing), so longer
+drafts are dearer than on a dense target and the rule sizes them by it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -59,13 +64,62 @@ class FixedCosts:
         """A fixed table learns nothing."""
 
 
+@dataclass(frozen=True)
+class MoEProfile:
+    """A sparse-MoE target's routing and the experts' share of a one-token forward (models derive it from their
+    sizes: the weights a forward reads)."""
+
+    experts: int  # routed experts of an MoE layer
+    top_k: int  # experts per token
+    layers: int  # MoE layers
+    share: float  # experts' fraction of the weights a one-token forward reads (0..1)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.experts or self.layers < 1 or not 0.0 <= self.share <= 1.0:
+            raise ValueError(f"invalid MoE profile {self}")
+
+    def touched(self, tokens: int) -> float:
+        """Expected distinct experts a layer that ``tokens`` tokens route to, under uniform independent routing."""
+        return self.experts * (1 - (1 - self.top_k / self.experts) ** tokens)
+
+
+@dataclass(frozen=True)
+class MoECosts:
+    """A sparse-MoE target's cost prior: ``dense`` (in one-token forwards) for the share outside the experts; the
+    experts' share scaled by the distinct experts a forward of ``rows x n`` tokens touches over the ``top_k`` of
+    one token: what ``observed`` reports (mean distinct experts a layer in this process's forwards of that many
+    tokens; None: not seen), else :meth:`MoEProfile.touched`."""
+
+    dense: FixedCosts  # draft cost and the non-expert part's growth with tokens and rows
+    profile: MoEProfile  # routing and the experts' share
+    observed: Callable[[int], float | None] | None = None  # tokens of a forward -> mean experts a layer, or None
+
+    def experts(self, tokens: int) -> float:
+        """Distinct experts a layer a forward of ``tokens`` tokens touches (observed, else expected)."""
+        seen = None if self.observed is None else self.observed(tokens)
+        return self.profile.touched(tokens) if seen is None else seen
+
+    def draft(self) -> float:
+        return self.dense.draft()
+
+    def verify(self, rows: int, n: int) -> float:
+        p = self.profile
+        return (1 - p.share) * self.dense.verify(rows, n) + p.share * self.dense.base * self.experts(rows * n) / p.top_k
+
+    def record_draft(self, seconds: float, tokens: int) -> None:
+        """A prior learns nothing (wrap it in :class:`OnlineCosts`)."""
+
+    def record_verify(self, rows: int, n: int, seconds: float) -> None:
+        """A prior learns nothing (wrap it in :class:`OnlineCosts`)."""
+
+
 @dataclass
 class OnlineCosts:
     """Costs learnt from the decode loop's own timings (exponential moving averages per (rows, n)), ``prior`` until a
     shape has been seen; unseen shapes (and the draft step, until one is timed) scale a seen forward by the
     prior's ratios, so the prior may be in any unit (e.g. one-token forwards)."""
 
-    prior: FixedCosts  # the first guess (and the shape of unseen costs)
+    prior: FixedCosts | MoECosts  # the first guess (and the shape of unseen costs)
     decay: float = 0.8  # weight of the old average
     _draft: float | None = None
     _verify: dict[tuple[int, int], float] = field(default_factory=dict)

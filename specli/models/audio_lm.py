@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from specli.core.device import resolve_device, resolve_dtype
+from specli.core.goodput import MoEProfile
 from specli.core.job import DecodeJob
 from specli.core.kv_cache import KVCache, RaggedKVCache
 from specli.core.types import ScoreOutput
@@ -108,6 +109,10 @@ class AudioLMTarget:
         self.max_len = audio_ctx + prompt_room
         self.compiled_encoder = None  # the tower runs eagerly
         self.experts = ExpertTally() if lm.has_moe else None
+
+    def moe_profile(self) -> MoEProfile | None:
+        """The lean decoder's MoE routing and expert share (None: dense)."""
+        return self.lm.moe_profile()
 
     @property
     def qwen(self) -> Qwen2Target:

@@ -41,6 +41,11 @@ class ExpertTally:
     def experts(self) -> int:
         return sum(e for _, e in self.by_tokens.values())
 
+    def layer_mean(self, tokens: int, layers: int) -> float | None:
+        """Mean distinct experts a layer (of ``layers`` MoE layers) in forwards of ``tokens`` tokens; None: none seen."""
+        f, e = self.by_tokens.get(tokens, (0, 0))
+        return e / f / layers if f else None
+
     def mean(self, tokens: int | None = None) -> float:
         """Mean experts touched per forward (of ``tokens`` tokens; None: every forward)."""
         f, e = self.by_tokens.get(tokens, [0, 0]) if tokens is not None else (self.forwards, self.experts)

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specli.core.goodput import MoEProfile
 from specli.core.kv_cache import KVCache, RaggedKVCache, RowPlan, attend_by_rows, row_plan
 from specli.models.layers import Linear
 from specli.models.moe import MoE
@@ -205,6 +206,20 @@ class Qwen2Target:
     def has_moe(self) -> bool:
         """Whether any block is a sparse mixture of experts."""
         return any(blk.moe is not None for blk in self.blocks)
+
+    def moe_profile(self) -> MoEProfile | None:
+        """Routing and the experts' share of the weights a one-token forward reads (None: a dense decoder): what
+        the goodput rule scales a verification's cost by (:class:`specli.core.goodput.MoECosts`)."""
+        moes = [blk.moe for blk in self.blocks if blk.moe is not None]
+        if not moes:
+            return None
+        d = self.dims
+        attention = d.hidden * d.head_dim * 2 * (d.heads + d.kv_heads)  # q, k, v, o
+        experts = moes[0].router.shape[0]
+        dense = (self.head.out_features * self.head.in_features + d.layers * attention
+                 + (d.layers - len(moes)) * 3 * d.hidden * d.intermediate + len(moes) * experts * d.hidden)
+        active = sum(m.top_k * 3 * d.hidden * m.width for m in moes)  # top_k experts' gate, up and down
+        return MoEProfile(experts, d.moe.top_k, len(moes), active / (active + dense))
 
     def experts_touched(self) -> int:
         """Distinct experts the last forward touched, summed over the MoE blocks (0 for a dense decoder)."""

@@ -105,13 +105,14 @@ def test_aux_layer_conventions_read_the_same_states(cv):
         attach_aux_layers(lm, module.config)
         assert lm.qwen.aux_layers == (1, 2)
         outs.append(_decode(model, rules, params, prompts[0], wrap(module), n=12).stats.accepted)
+    # a target already serving another drafter returns the union; each drafter picks its own layers by id
+    lm.qwen.aux_layers = (0, 2)
+    module = new_dflash(parts, layers=1, block_size=4, aux_layers=(1, 2), convention="input", seed=3)
+    attach_aux_layers(lm, module.config)
+    assert lm.qwen.aux_layers == (0, 2, 1)
+    outs.append(_decode(model, rules, params, prompts[0], wrap(module), n=12).stats.accepted)
     lm.qwen.aux_layers = ()
-    module = new_dflash(parts, layers=1, block_size=4, aux_layers=(0, 1), convention="output")
-    lm.qwen.aux_layers = (0,)
-    with pytest.raises(ValueError, match="already returns layers"):
-        attach_aux_layers(lm, module.config)
-    lm.qwen.aux_layers = ()
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]
 
 
 # -- the training forward matches the inference path ---------------------------------------------------
@@ -153,12 +154,12 @@ def test_training_forward_gives_the_drafted_distributions(cv, kind):
 # -- sampling: within the TV bound of plain sampling (F2's machinery) --------------------------------
 
 class AuxTableTarget(TableTarget):
-    """The toy trigram target, returning its one-hot state as three auxiliary layers."""
+    """The toy trigram target, returning its one-hot state as three auxiliary layers (ids 0, 1, 2)."""
 
     def score(self, state, tokens, positions=None, tree_mask=None) -> ScoreOutput:
         out = super().score(state, tokens, positions, tree_mask)
         h = out.hidden.last
-        return ScoreOutput(out.logits, HiddenStates(h, h, h, (h, h, h)))
+        return ScoreOutput(out.logits, HiddenStates(h, h, h, (h, h, h), (0, 1, 2)))
 
 
 def toy_parts(seed: int = 0, sharpness: float = 2.0) -> TargetParts:

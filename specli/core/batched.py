@@ -207,7 +207,7 @@ class BatchDecoder:
             rows = [0] + [i + 1 for i in kept]
             h = out.hidden
             row.hidden = HiddenStates(h.low[b : b + 1, rows], h.mid[b : b + 1, rows], h.last[b : b + 1, rows],
-                                      tuple(a[b : b + 1, rows] for a in h.aux))
+                                      tuple(a[b : b + 1, rows] for a in h.aux), h.aux_ids)
         used, row.sum_logprob, row.finished = commit_emitted(row.tokens, emitted, logprobs, row.sum_logprob, plen,
                                                       job.eot, job.max_new_tokens)
         row.stats.tokens += used

@@ -25,11 +25,22 @@ class HiddenStates:
     mid: torch.Tensor  # output of the middle decoder block
     last: torch.Tensor  # final normed state (input of the vocabulary projection)
     aux: tuple[torch.Tensor, ...] = ()  # requested auxiliary layers, each [batch, n, d_model]
+    aux_ids: tuple[int, ...] = ()  # target layer of each aux entry (0 = embeddings, i = output of block i - 1)
 
     def select(self, rows: list[int]) -> HiddenStates:
         """The states of scored rows ``rows`` (e.g. the accepted path of a tree)."""
         return HiddenStates(self.low[:, rows], self.mid[:, rows], self.last[:, rows],
-                            tuple(a[:, rows] for a in self.aux))
+                            tuple(a[:, rows] for a in self.aux), self.aux_ids)
+
+    def pick(self, layers: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """The aux states of target ``layers``, in that order: a target serving several drafters (``bench`` over
+        EAGLE-3 and DFlash presets of one model) returns the union of what they asked for."""
+        where = {layer: i for i, layer in enumerate(self.aux_ids)}
+        missing = [i for i in layers if i not in where]
+        if missing:
+            raise ValueError(f"the target returns no states of layers {missing} (it returns {list(self.aux_ids)}): "
+                             "build it with the drafter's aux layers")
+        return tuple(self.aux[where[i]] for i in layers)
 
 
 @dataclass(frozen=True)

@@ -292,7 +292,8 @@ class Qwen2Target:
         cache.end(n)
         last = rms_norm(x, self.norm, self.dims.rms_eps)
         logits = self.head(last).float()
-        return ScoreOutput(logits, HiddenStates(low, mid, last, tuple(states[i] for i in self.aux_layers)))
+        return ScoreOutput(logits, HiddenStates(low, mid, last, tuple(states[i] for i in self.aux_layers),
+                                                 self.aux_layers))
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [B, n, D/2]

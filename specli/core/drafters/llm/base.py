@@ -376,15 +376,12 @@ def init_linear(module: nn.Module, std: float = 0.02, seed: int | None = None) -
 
 
 def attach_aux_layers(target, config: SpeechDraftConfig) -> None:
-    """Make ``target`` (a CosyVoice LM or a Qwen2 target) return the drafter's auxiliary layers.
-
-    The target keeps one list: a target already asked for other layers is an error.
-    """
+    """Make ``target`` (a CosyVoice LM or a Qwen2 target) return the drafter's auxiliary layers as well as those
+    it already returns (the union: those first, then the drafter's new ones in its order; each drafter picks its own
+    by layer id, :meth:`HiddenStates.pick`)."""
     qwen = getattr(target, "qwen", target)
     want = config.target_layers()
     if any(not 0 <= i <= qwen.dims.layers for i in want):
         raise ValueError(f"drafter reads target layers {list(want)} ({config.aux_convention} convention); "
                          f"the target has {qwen.dims.layers} blocks")
-    if qwen.aux_layers and tuple(qwen.aux_layers) != want:
-        raise ValueError(f"target already returns layers {list(qwen.aux_layers)}, the drafter needs {list(want)}")
-    qwen.aux_layers = want
+    qwen.aux_layers = (*qwen.aux_layers, *(i for i in want if i not in qwen.aux_layers))

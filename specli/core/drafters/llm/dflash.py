@@ -162,8 +162,9 @@ class ContextCache:
         """Write the rows of the newly committed positions; return the pending token's position ``P``."""
         pos = len(request.tokens) - 1
         hid = request.hidden
-        if hid is not None and hid.aux:
-            feats = torch.cat([a.float() for a in hid.aux], -1)  # [1, m, n_aux * H]
+        if hid is not None:
+            aux = hid.pick(self.module.config.target_layers())
+            feats = torch.cat([a.float() for a in aux], -1)  # [1, m, n_aux * H]
             m = feats.shape[1]
             start = pos - m
             if start < 0:
@@ -172,8 +173,6 @@ class ContextCache:
             for i, (k, v) in enumerate(self.module.context_kv(self.module.context(feats), positions)):
                 self.kv.write(i, start, k, v)
             self.kv.length = pos
-        elif hid is not None and not hid.aux:
-            raise ValueError("the target returns no auxiliary hidden states: build it with the drafter's aux layers")
         if self.kv.length != pos:
             raise ValueError(f"draft context holds {self.kv.length} positions, {pos} are committed")
         return pos

@@ -132,11 +132,9 @@ class Eagle3Drafter:
         """Write the fused states and the draft rows of newly committed positions; return ``P``."""
         mod, pos, hid = self.module, len(request.tokens) - 1, request.hidden
         if hid is not None:
-            if len(hid.aux) != 3:
-                raise ValueError("the target returns no auxiliary hidden states: "
-                                 "build it with the drafter's aux layers")
-            m = hid.aux[0].shape[1]
-            self._g[pos - m : pos] = mod.fuse(torch.cat([a.float() for a in hid.aux], -1))[0]
+            aux = hid.pick(mod.config.target_layers())  # [1, m, H] each
+            m = aux[0].shape[1]
+            self._g[pos - m : pos] = mod.fuse(torch.cat([a.float() for a in aux], -1))[0]
         start = self._kv.length
         if start < pos:
             dev = self._g.device

@@ -25,10 +25,10 @@ from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 VOCAB, EOS = 97, 3
 
 
-def _target(kind: str, dtype: torch.dtype = torch.bfloat16) -> Qwen2Target:
+def _target(kind: str, dtype: torch.dtype = torch.bfloat16, positions: int = 512) -> Qwen2Target:
     torch.manual_seed(0)
     common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=512, rope_theta=5000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+                  max_position_embeddings=positions, rope_theta=5000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
     if kind == "qwen2":
         cfg = Qwen2Config(intermediate_size=96, **common)
         ref = Qwen2ForCausalLM(cfg)
@@ -138,3 +138,21 @@ def test_ragged_batches_equal_batch_one_greedy(kind, drafting):
                           options=SpecOptions(max_draft=5)))
     for i, res in enumerate(ref):
         assert got[i].tokens == res.tokens and got[i].finished == res.finished, i
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3-moe"])
+@pytest.mark.parametrize("plen", [300, 688, 1000])
+def test_long_prompts_are_cached_alike_by_ar_and_speculation(kind, plen):
+    """AR prefills all but the last prompt token and then scores that token alone, as speculation does: a prefill
+    of plen rows tiles attention and matmuls differently from one of plen - 1, and in bf16 the prompt's cached K/V
+    then differ in the last bits (a tiny Qwen2-Audio's greedy transcript of a 22-s clip left AR at token 26)."""
+    target = _target(kind, positions=2048)
+    rng = random.Random(plen)
+    job = DecodeJob(tuple(rng.randrange(4, VOCAB) for _ in range(plen)), None, EOS, 12)
+    ar_state, spec_state = target.start(plen + 32), target.start(plen + 32)
+    ref = greedy_decode(target, ar_state, job)
+    out = speculative_decode(target, spec_state, job, ListDrafter("wrong", ref.tokens, 0), SpecOptions(max_draft=3))
+    assert out.tokens == ref.tokens
+    n = plen + len(ref.tokens) - 1  # positions both caches hold
+    assert torch.equal(ar_state.cache.keys[..., :n, :], spec_state.cache.keys[..., :n, :])
+    assert torch.equal(ar_state.cache.values[..., :n, :], spec_state.cache.values[..., :n, :])

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from specli.core.job import DecodeJob, prefill
+from specli.core.job import DecodeJob, prefill, probe_at
 from specli.core.logits import SamplingParams, choose, filter_logits
 from specli.core.types import DecodeResult, DecodeStats, Target, TargetState
 
@@ -19,9 +19,15 @@ def greedy_decode(target: Target, state: TargetState, job: DecodeJob) -> DecodeR
     t0 = time.perf_counter()
     stats = DecodeStats()
     dev = state.cache.device
-    first = prefill(target, state, job, len(job.prompt))  # the whole prompt: its last row predicts token 1
-    stats.target_forwards += 1
-    logits = first.out.logits[0, -1:]  # [1, vocab]
+    # all but the last prompt token in one forward, then that token alone, exactly as the speculative and batched
+    # paths score a prompt: a prefill of n or n + 1 rows tiles its attention and matmuls differently, and in half
+    # precision that changes the prompt's cached K/V in the last bits (and so, rarely, a greedy token)
+    plen = len(job.prompt)
+    first = prefill(target, state, job, plen - 1)
+    out = target.score(state, torch.tensor([[job.prompt[-1]]], device=dev))
+    stats.target_forwards += 1 + int(first.out is not None)
+    logits = out.logits[0, -1:]  # [1, vocab]
+    probed = first.probed if first.probed is not None else probe_at(job, plen - 1, out.logits[0, -1])
     sampling, generator = job.sampling, job.generator
     sampled: list[int] = []
     sum_logprob, finished = 0.0, False
@@ -45,7 +51,7 @@ def greedy_decode(target: Target, state: TargetState, job: DecodeJob) -> DecodeR
         logits = target.score(state, torch.tensor([[token]], device=dev)).logits[0]
         stats.target_forwards += 1
     stats.decode_seconds = time.perf_counter() - t0
-    return DecodeResult(sampled, sum_logprob, first.probed or 0.0, finished, stats)
+    return DecodeResult(sampled, sum_logprob, probed or 0.0, finished, stats)
 
 
 def unit_temperature(filtered: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:

@@ -98,7 +98,8 @@ class Utterance:
 
     @property
     def steps(self) -> int:
-        """Tokens-producing target steps: verify steps, or every forward for plain greedy."""
+        """Token-producing target steps: verify steps (plain greedy records each of its steps as one with no
+        draft); runs recorded before it did: every forward."""
         return int(self.run.stat("verify_steps") or self.run.stat("target_forwards"))
 
     @property

@@ -42,6 +42,7 @@ def greedy_decode(target: Target, state: TargetState, job: DecodeJob) -> DecodeR
         token = int(tok)
         sum_logprob += lp
         stats.tokens += 1
+        stats.record_step(0, 0)  # a token-producing step with no draft (tau = tokens / steps = 1)
         if token == job.eot:
             finished = True
             break

@@ -103,7 +103,7 @@ class DecodeStats:
     decode_seconds: float = 0.0  # wall time inside the decode loop
     draft_seconds: float = 0.0  # time in the drafter (propose + commit)
     verify_seconds: float = 0.0  # time in target forwards, logit filtering and verification
-    verify_steps: int = 0  # speculative steps (target forwards that verified a draft)
+    verify_steps: int = 0  # token-producing target forwards (verifying a draft of k >= 0 tokens; greedy: k = 0)
     drafted: int = 0  # draft tokens (tree nodes) proposed
     accepted: int = 0  # draft tokens accepted
     position_attempts: list[int] = field(default_factory=list)  # steps whose draft reached depth d+1 ...

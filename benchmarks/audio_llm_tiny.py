@@ -76,16 +76,16 @@ def expert_presets(out: Path) -> list[Path]:
     """qwen3-omni-eagle3 at each maximum draft length of EXPERT_DRAFTS and with the goodput draft length, as preset
     TOML files."""
     base = (ROOT / "specli" / "presets" / "qwen3-omni-eagle3.toml").read_text().splitlines()
-    paths = []
-    for k in EXPERT_DRAFTS:
+
+    def write(name: str, k: int, *extra: str) -> Path:
+        path = out / f"qwen3-omni-eagle3-{name}.toml"
         lines = [f"max_draft = {k}" if ln.startswith("max_draft") else ln for ln in base]
-        path = out / f"qwen3-omni-eagle3-k{k}.toml"
-        path.write_text("\n".join(lines) + "\n")
-        paths.append(path)
-    lines = [f"max_draft = {EXPERT_DRAFTS[-1]}" if ln.startswith("max_draft") else ln for ln in base]
-    path = out / "qwen3-omni-eagle3-goodput.toml"  # the draft length sized by goodput (MoE-aware cost prior)
-    path.write_text("\n".join([*lines, 'draft_length = "goodput"']) + "\n")
-    return [*paths, path]
+        path.write_text("\n".join([*lines, *extra]) + "\n")
+        return path
+
+    # the last: the draft length sized by goodput (MoE-aware cost prior), up to the longest fixed draft
+    return [*(write(f"k{k}", k) for k in EXPERT_DRAFTS),
+            write("goodput", EXPERT_DRAFTS[-1], 'draft_length = "goodput"')]
 
 
 def bench(family: str, out: Path, work: Path, args: argparse.Namespace, env: dict) -> None:

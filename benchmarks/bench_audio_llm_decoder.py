@@ -94,19 +94,19 @@ def lean_generate(lean: Qwen2Target, embeds: torch.Tensor, new: int) -> tuple[fl
 def measure(name: str, layers: int, dtype: torch.dtype, prefix: int, new: int, repeat: int) -> dict:
     hf, lean = build(name, layers, dtype)
     embeds = torch.randn(1, prefix, hf.config.hidden_size, dtype=dtype) * 0.02
-    per = {"transformers": [], "specli": []}
-    same = True
+    systems = (("transformers", hf_generate, hf), ("specli", lean_generate, lean))
+    per: dict[str, list[float]] = {key: [] for key, _, _ in systems}
+    tokens: dict[str, list[int]] = {}
     with torch.inference_mode():
-        for fn, key, model in ((hf_generate, "transformers", hf), (lean_generate, "specli", lean)):
+        for _, fn, model in systems:
             fn(model, embeds, 2)  # warm-up (oneDNN primitives, caches)
         for _ in range(repeat):
-            for fn, key, model in ((hf_generate, "transformers", hf), (lean_generate, "specli", lean)):
+            for key, fn, model in systems:
                 t1, _ = fn(model, embeds, 1)
-                tn, toks = fn(model, embeds, 1 + new)
+                tn, tokens[key] = fn(model, embeds, 1 + new)
                 per[key].append((tn - t1) / new * 1e3)
-                per.setdefault(f"{key}_tokens", toks)
-        same = per.pop("transformers_tokens") == per.pop("specli_tokens")
-    del hf, lean
+    same = tokens["transformers"] == tokens["specli"]
+    del hf, lean, systems
     gc.collect()
     hf_ms, lean_ms = statistics.median(per["transformers"]), statistics.median(per["specli"])
     return {"shape": name, "layers": layers, "dtype": str(dtype).removeprefix("torch."), "transformers_ms": hf_ms,

@@ -10,11 +10,20 @@ from dataclasses import replace
 
 import pytest
 import torch
+from transformers import Qwen3OmniMoeForConditionalGeneration
 
+from qwen3_omni_fixtures import tiny_config, write_tiny_qwen3_omni
 from specli.asr.strategies import DRAFT_COST_PRIOR, build_decoder, goodput_prior
+from specli.core.drafters.llm.base import target_parts
+from specli.core.drafters.llm.eagle3 import new_eagle3
+from specli.core.drafters.llm.speculators import save_speculators
 from specli.core.goodput import FixedCosts, GoodputController, MoECosts, MoEProfile, OnlineCosts
+from specli.core.greedy import greedy_decode
+from specli.core.speculative import speculative_decode
 from specli.models.moe import ExpertTally
+from specli.models.qwen3_omni.loader import load_qwen3_omni
 from specli.presets import load_preset
+from test_audio_llm_distill import _window
 
 DENSE = FixedCosts(draft_s=0.05, base=1.0, slope=0.08)
 OMNI = MoEProfile(experts=128, top_k=8, layers=48, share=0.6)  # roughly the 30B-A3B thinker
@@ -81,15 +90,12 @@ def test_online_costs_scale_unseen_moe_shapes_by_the_prior() -> None:
 
 
 def test_tiny_omni_profile_counts_its_weights(tmp_path) -> None:
-    from qwen3_omni_fixtures import tiny_config, write_tiny_qwen3_omni
-    from specli.models.qwen3_omni.loader import load_qwen3_omni
 
     model = load_qwen3_omni(str(write_tiny_qwen3_omni(tmp_path / "omni")), "float32")
     profile = model.target.moe_profile()
     text = tiny_config().thinker_config.text_config
     assert (profile.experts, profile.top_k, profile.layers) == (8, 2, 2)  # layer 1 is dense (mlp_only_layers)
     # the weights one token reads: counted from transformers' own module, not from specli's sizes
-    from transformers import Qwen3OmniMoeForConditionalGeneration
     hf = Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(tmp_path / "omni")).thinker
     experts = sum(p.numel() for n, p in hf.model.language_model.named_parameters() if ".experts." in n)
     active = experts // text.num_experts * text.num_experts_per_tok
@@ -106,14 +112,6 @@ def test_tiny_omni_profile_counts_its_weights(tmp_path) -> None:
 
 
 def test_goodput_preset_on_the_tiny_moe_is_lossless(tmp_path) -> None:
-    from qwen3_omni_fixtures import write_tiny_qwen3_omni
-    from specli.core.drafters.llm.base import target_parts
-    from specli.core.drafters.llm.eagle3 import new_eagle3
-    from specli.core.drafters.llm.speculators import save_speculators
-    from specli.core.greedy import greedy_decode
-    from specli.core.speculative import speculative_decode
-    from specli.models.qwen3_omni.loader import load_qwen3_omni
-    from test_audio_llm_distill import _window
 
     model = load_qwen3_omni(str(write_tiny_qwen3_omni(tmp_path / "omni")), "float32")
     ids, convention = model.target.draft_recipe.aux_layers("eagle3", model.target.dims.layers)

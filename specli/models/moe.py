@@ -43,8 +43,7 @@ class ExpertTally:
 
     def layer_mean(self, tokens: int, layers: int) -> float | None:
         """Mean distinct experts a layer (of ``layers`` MoE layers) in forwards of ``tokens`` tokens; None: none seen."""
-        f, e = self.by_tokens.get(tokens, (0, 0))
-        return e / f / layers if f else None
+        return self.mean(tokens) / layers if tokens in self.by_tokens else None
 
     def mean(self, tokens: int | None = None) -> float:
         """Mean experts touched per forward (of ``tokens`` tokens; None: every forward)."""

@@ -192,11 +192,6 @@ def test_cli_batch_size_writes_the_batch_1_outputs_in_input_order(tmp_path):
     assert np.load(tmp_path / "three" / "lines_00002.npy").tolist() == [1, 2, 3]
 
 
-def test_cli_batch_size_refuses_audio_output(tmp_path):
-    res = _cli("--text", "hi", "--batch-size", "2", "--format", "wav", "-o", tmp_path)
-    assert res.exit_code == 2 and "--format npy" in res.stderr
-
-
 @pytest.mark.parametrize(("preset", "sampler"), [("cosyvoice2-ar", "ras"), ("cosyvoice2-pool", "ras")])
 def test_the_near_tie_check_rejects_a_real_difference(model, reference, preset, sampler):
     synth = _synth(model, preset, sampler)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,6 +156,30 @@ def test_bench_synthesis_presets(tmp_path, cv3):
     assert by["g-ar"]["tokens_per_second"] > 0 and "| g-pool | greedy |" in (out / "report.md").read_text()
     mixed = CliRunner().invoke(main, ["bench", str(texts), "--presets", f"{presets['g-ar']},whisper-base-ar"])
     assert mixed.exit_code == 2 and "mixes" in mixed.stderr
+
+
+def test_bench_synthesis_audio_stages_on_the_shipped_voice(tmp_path):
+    """--audio renders every utterance with specli-en's flow and vocoder: per-stage RTF, LLM and text-to-audio
+    speedups; --model points every preset at the voice."""
+    voice = Path(__file__).resolve().parent.parent / "data" / "voice" / "specli-en"
+    texts = tmp_path / "t.txt"
+    texts.write_text("Hello there.\nGood night.\n")
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(main, ["bench", str(texts), "--presets", "cosyvoice3-ar,cosyvoice3-pool", "--model",
+                                    str(voice), "--audio", "--repeat", "1", "--no-warmup", "-q", "--out", str(out)], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    report = json.loads((out / "report.json").read_text())
+    by = {s["system"]: s for s in report["summaries"]}
+    for s in by.values():
+        assert s["audio_seconds"] > 0.5 and set(s["rtf"]) == {"llm", "flow", "vocoder", "total"}
+        assert s["rtf"]["total"] == pytest.approx(sum(s["rtf"][k] for k in ("llm", "flow", "vocoder")))
+        assert s["speedup_llm"] > 0 and s["speedup_e2e"] > 0
+    assert by["cosyvoice3-ar"]["speedup_llm"] == 1.0
+    for run in report["runs"]:
+        assert run["wall_seconds"] == pytest.approx(sum(run["stages"].values()))
+    assert "LLM-stage speedup" in (out / "report.md").read_text()
+    refused = CliRunner().invoke(main, ["bench", str(texts), "--presets", "whisper-base-ar", "--audio"])
+    assert refused.exit_code == 2 and "synthesis presets" in refused.stderr
 
 
 def test_presets_listing_and_task_separation():

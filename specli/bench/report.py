@@ -42,6 +42,9 @@ class Run:
     # MoE targets: distinct experts touched by the decode's non-prefill forwards (each a verify step, or a plain
     # decode step), by tokens in the forward: {"n": [forwards, experts summed over the MoE layers]}; None: dense
     experts: dict[str, list[int]] | None = None
+    # synthesis presets with audio: wall seconds of each stage {"llm", "flow", "vocoder"} (their sum is wall_seconds,
+    # audio_seconds the rendered audio's duration); None: speech tokens only
+    stages: dict[str, float] | None = None
 
     def stat(self, name: str) -> float:
         """A :class:`DecodeStats` counter or time (``tokens``, ``decode_seconds``, ...); 0 for peers."""

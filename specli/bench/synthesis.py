@@ -6,6 +6,10 @@ acceptance and speedups) and adds the exactness column:
 
 - greedy presets: tokens identical to the AR preset of the same model (greedy);
 - sampling presets: the same seed gives identical tokens across the repeated passes of the preset.
+
+With ``audio`` every utterance is also rendered (flow + vocoder, :class:`~specli.tts.acoustic.pipeline.Vocalizer`,
+the vocoder's noise from the run seed and the id as ``synthesize`` draws it): the report then has the
+real-time factor of each stage, the LLM-stage speedup and the end-to-end (text -> audio) speedup.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specli.bench.report import Run, SystemInfo, acceptance_stats, aggregate, speedups
-from specli.tts.synthesis import SynthesisInputError, Synthesizer, build_synthesizer
+from specli.core.sampling import request_generator
+from specli.tts.acoustic.pipeline import RenderError, Vocalizer, VoicePrompt
+from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, Synthesizer, build_synthesizer
 from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
 from specli.presets.synthesis import SynthesisPreset, load_synthesis_preset
 from specli.tts.pipeline import read_items
@@ -33,6 +39,7 @@ class SynthesisBenchOptions:
     warmup: bool = True  # one unrecorded pass first
     seed: int = 0  # run seed (each utterance's generator from (seed, id))
     model: str | None = None  # override every preset's model (a checkpoint directory)
+    audio: bool = False  # also render each utterance to audio: per-stage real-time factors, end-to-end speedup
 
     def __post_init__(self) -> None:
         if not self.presets or self.repeat < 1:
@@ -65,26 +72,47 @@ def run_synthesis_bench(inputs: Sequence[str], opts: SynthesisBenchOptions,
         key = (opts.model or p.model, p.dtype)
         if key not in models:
             models[key] = load_cosyvoice(*key)
+    vocalizers = {key: Vocalizer.from_dir(m.path, m.spec.kind, m.lm.qwen.device) for key, m in models.items()
+                  } if opts.audio else {}
     runs: list[Run] = []
     for rep in range(-1 if opts.warmup else 0, opts.repeat):
-        synths: list[tuple[SynthesisPreset, Synthesizer]] = [
-            (p, build_synthesizer(p, models[(opts.model or p.model, p.dtype)], seed=opts.seed)) for p in presets]
+        synths = [(p, (opts.model or p.model, p.dtype)) for p in presets]
+        synths = [(p, key, build_synthesizer(p, models[key], seed=opts.seed)) for p, key in synths]
         for req in requests:
-            for p, synth in synths:
-                t0 = time.perf_counter()
-                try:
-                    res = synth.synthesize(req)
-                except SynthesisInputError as exc:
-                    if progress:
-                        progress(f"skip {req.id}: {exc}")
-                    continue
-                wall = time.perf_counter() - t0
-                if rep >= 0:
-                    runs.append(Run(p.name, req.id, rep, 0.0, wall, 0.0, res.stats, tuple(res.tokens), req.text))
-                if progress:
-                    progress(f"{'warmup' if rep < 0 else f'pass {rep + 1}'} {p.name} {req.id}: "
-                             f"{len(res.tokens)} tokens, {wall:.2f} s")
+            for p, key, synth in synths:
+                run = _measure(p, synth, vocalizers.get(key), req, rep, opts.seed, progress)
+                if run is not None and rep >= 0:
+                    runs.append(run)
     return build_synthesis_report(presets, baseline, runs)
+
+
+def _measure(p: SynthesisPreset, synth: Synthesizer, vocalizer: Vocalizer | None, req: SynthesisRequest,
+             rep: int, seed: int, progress: Callable[[str], None] | None) -> Run | None:
+    """One utterance through one preset (and the acoustic stages with a ``vocalizer``); None when it is refused."""
+    t0 = time.perf_counter()
+    try:
+        res = synth.synthesize(req)
+    except SynthesisInputError as exc:
+        if progress:
+            progress(f"skip {req.id}: {exc}")
+        return None
+    llm = time.perf_counter() - t0
+    stages, duration = None, 0.0
+    if vocalizer is not None:
+        try:
+            audio = vocalizer.render(res.tokens, VoicePrompt.none(vocalizer.spec.mel.n_mels),
+                                     request_generator(seed, req.id + "/vocoder", "cpu"))
+        except RenderError as exc:
+            if progress:
+                progress(f"skip {req.id}: {exc}")
+            return None
+        stages = {"llm": llm, "flow": audio.flow_seconds, "vocoder": audio.vocoder_seconds}
+        duration = audio.duration
+    wall = llm if stages is None else sum(stages.values())
+    if progress:
+        progress(f"{'warmup' if rep < 0 else f'pass {rep + 1}'} {p.name} {req.id}: {len(res.tokens)} tokens, "
+                 f"{wall:.2f} s")
+    return Run(p.name, req.id, rep, duration, wall, 0.0, res.stats, tuple(res.tokens), req.text, stages=stages)
 
 
 def build_synthesis_report(presets: Sequence[SynthesisPreset], baseline: str, runs: Sequence[Run]) -> dict:
@@ -100,10 +128,27 @@ def build_synthesis_report(presets: Sequence[SynthesisPreset], baseline: str, ru
         summary = {"system": info.name, "model": info.model, "strategy": info.strategy, "sampler": p.sampler,
                    "utterances": len(mine), "tokens": tokens, "wall_seconds": sum(u.run.wall_seconds for u in mine),
                    "tokens_per_second": tokens / decode if decode else None,
-                   **acceptance_stats(mine), **speedups(mine, base), "exactness": _exactness(p, mine, presets, utts)}
+                   **acceptance_stats(mine), **speedups(mine, base), **_stage_stats(mine, base),
+                   "exactness": _exactness(p, mine, presets, utts)}
         summaries.append(summary)
     return {"task": "synthesize", "baseline": baseline, "summaries": summaries,
             "runs": [r.to_dict() for r in runs]}
+
+
+def _stage_stats(mine, base) -> dict:
+    """With audio: seconds and real-time factor of each stage, and the LLM-stage speedup vs the baseline (over
+    the utterances both have); the end-to-end speedup is ``speedup_e2e`` (walls are text -> audio)."""
+    if not mine or mine[0].run.stages is None:
+        return {}
+    names = ("llm", "flow", "vocoder")
+    audio = sum(u.run.audio_seconds for u in mine)
+    seconds = {k: sum(u.run.stages[k] for u in mine) for k in names}
+    pairs = [(u, base[u.run.file]) for u in mine if u.run.file in base and base[u.run.file].run.stages]
+    llm_mine = sum(u.run.stages["llm"] for u, _ in pairs)
+    llm_base = sum(b.run.stages["llm"] for _, b in pairs)
+    return {"audio_seconds": audio, "stage_seconds": seconds,
+            "rtf": {k: v / audio if audio else None for k, v in {**seconds, "total": sum(seconds.values())}.items()},
+            "speedup_llm": llm_base / llm_mine if llm_mine > 0 else None}
 
 
 def _exactness(p: SynthesisPreset, mine, presets: Sequence[SynthesisPreset], utts) -> dict:
@@ -120,15 +165,24 @@ def _exactness(p: SynthesisPreset, mine, presets: Sequence[SynthesisPreset], utt
             "identical": sum(u.stable for u in mine), "compared": len(mine)}
 
 
+def _x(value: float | None, fmt: str = "{:.2f}x") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
 def summary_lines(report: dict) -> list[str]:
     """One line per preset for stderr."""
     lines = []
     for s in report["summaries"]:
-        e, sp = s["exactness"], s["speedup_e2e"]
-        tps = "-" if s["tokens_per_second"] is None else f"{s['tokens_per_second']:.1f}"
-        acc = "-" if s["acceptance_micro"] is None else f"{s['acceptance_micro']:.2f}"
-        lines.append(f"{s['system']:24s} {tps:>8s} tok/s  tau {acc:>5s}  speedup "
-                     f"{'-' if sp is None else f'{sp:.2f}x':>6s}  exact {e['identical']}/{e['compared']} ({e['kind']})")
+        e = s["exactness"]
+        tps = _x(s["tokens_per_second"], "{:.1f}")
+        acc = _x(s["acceptance_micro"], "{:.2f}")
+        audio = ""
+        if "rtf" in s:
+            r = s["rtf"]
+            audio = (f"  llm {_x(s['speedup_llm'])}  rtf llm {r['llm']:.3f} flow {r['flow']:.3f} vocoder "
+                     f"{r['vocoder']:.3f} total {r['total']:.3f}")
+        lines.append(f"{s['system']:24s} {tps:>8s} tok/s  tau {acc:>5s}  speedup {_x(s['speedup_e2e']):>6s}{audio}"
+                     f"  exact {e['identical']}/{e['compared']} ({e['kind']})")
     return lines
 
 
@@ -137,15 +191,20 @@ def write_synthesis_report(report: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     js, md = out / "report.json", out / "report.md"
     js.write_text(json.dumps(report, indent=1))
+    audio = any("rtf" in s for s in report["summaries"])
+    extra = " LLM-stage speedup | RTF llm / flow / vocoder / total |" if audio else ""
     rows = ["| preset | sampler | tok/s | tau | per-position acceptance | speedup vs "
-            f"{report['baseline']} | exactness |", "|---|---|---|---|---|---|---|"]
+            f"{report['baseline']}{' (text to audio)' if audio else ''} |{extra} exactness |",
+            "|---|---|---|---|---|---|" + "---|" * (2 if audio else 0) + "---|"]
     for s in report["summaries"]:
         e = s["exactness"]
         rates = ", ".join(f"{r:.2f}" for r in s["position_rates"]) or "-"
-        tps = "-" if s["tokens_per_second"] is None else f"{s['tokens_per_second']:.1f}"
-        tau = "-" if s["acceptance_micro"] is None else f"{s['acceptance_micro']:.2f}"
-        sp = "-" if s["speedup_e2e"] is None else f"{s['speedup_e2e']:.2f}x"
-        rows.append(f"| {s['system']} | {s['sampler']} | {tps} | {tau} | {rates} | {sp} | "
-                    f"{e['identical']}/{e['compared']} {e['kind']} |")
+        cells = [s["system"], s["sampler"], _x(s["tokens_per_second"], "{:.1f}"), _x(s["acceptance_micro"], "{:.2f}"),
+                 rates, _x(s["speedup_e2e"])]
+        if audio:
+            r = s.get("rtf") or {}
+            cells += [_x(s.get("speedup_llm")),
+                      " / ".join(_x(r.get(k), "{:.3f}") for k in ("llm", "flow", "vocoder", "total"))]
+        rows.append("| " + " | ".join(cells) + f" | {e['identical']}/{e['compared']} {e['kind']} |")
     md.write_text("# specli bench: synthesis\n\n" + "\n".join(rows) + "\n")
     return [js, md]

@@ -83,8 +83,13 @@ def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--batch-sizes", "batch_sizes", callback=_batch_sizes, metavar="N,N,...",
               help="Throughput mode: every system transcribes the whole input set at each batch size (e.g. "
               "1,2,4,8,16); reports audio seconds per wall second and speedup vs AR.")
+@click.option("--model",
+              help="Synthesis presets: every preset's model (cosyvoice2, cosyvoice3 or a checkpoint directory).")
+@click.option("--audio/--no-audio", default=False, show_default=True,
+              help="Synthesis presets: also render every utterance to audio (flow + vocoder): real-time factor "
+              "of each stage, LLM-stage and end-to-end (text to audio) speedups.")
 def bench(inputs, presets, baseline, peers, peer_timeout, references, repeat, warmup, threads, language, task,
-          timestamps, bins, plots, out, quiet, from_runs, device, dtype, batch_sizes) -> None:
+          timestamps, bins, plots, out, quiet, from_runs, device, dtype, batch_sizes, model, audio) -> None:
     """Speedup report of presets (and peers) against a baseline on the same inputs, interleaved.
 
     Every measured run is written to OUT/runs.jsonl as it finishes, before the report is built."""
@@ -102,8 +107,10 @@ def bench(inputs, presets, baseline, peers, peer_timeout, references, repeat, wa
         if batch_sizes:
             raise click.UsageError("--batch-sizes measures transcription presets, not synthesis presets")
         with report_interrupt(lambda: "no report written (the runs measured so far are the lines above)"):
-            _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out, quiet)
+            _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out, quiet, model, audio)
         return
+    if model or audio:
+        raise click.UsageError("--model and --audio are for synthesis presets")
     for p in peers:
         try:
             parse_peer(p)
@@ -163,13 +170,14 @@ def _synthesis_presets(presets: tuple[str, ...]) -> bool:
     return kinds == {"synthesize"}
 
 
-def _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out: Path, quiet: bool) -> None:
+def _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out: Path, quiet: bool, model: str | None,
+                     audio: bool) -> None:
     """Synthesis presets: INPUTS are text files / JSONL manifests (see specli.bench.synthesis)."""
     import torch
 
     if threads:
         torch.set_num_threads(threads)
-    opts = SynthesisBenchOptions(tuple(presets), baseline, repeat, warmup)
+    opts = SynthesisBenchOptions(tuple(presets), baseline, repeat, warmup, model=model, audio=audio)
     try:
         report = run_synthesis_bench(inputs, opts, None if quiet else (lambda line: click.echo(line, err=True)))
     except ValueError as exc:

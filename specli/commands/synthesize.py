@@ -49,7 +49,8 @@ def _default_preset(model: str | None) -> str:
               help="Keep existing outputs even when they were made with other settings.")
 @click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
               help="Utterances decoded together (continuous batching): the same tokens as at 1 but for float "
-                   "near-ties; --format npy only.")
+                   "near-ties; with --format wav/flac the flow and vocoder then take the finished utterances "
+                   "(the same bytes as at 1 for the same tokens).")
 @click.option("--threads", type=click.IntRange(1), help="CPU threads for torch (default: torch's choice).")
 @click.option("--device", help="auto (CUDA when available), cpu, cuda or cuda:N (default: the preset's, auto).")
 @click.option("--progress/--no-progress", default=None, help="A line per utterance on stderr (default: on a terminal).")
@@ -75,8 +76,6 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
         raise click.UsageError("give text files, '-', a *.jsonl manifest or --text")
     if fmt == "npy" and (prompt_wav or prompt_text or speaker or sample_rate is not None):
         raise click.UsageError("--prompt-wav, --prompt-text, --speaker and --sample-rate need --format wav or flac")
-    if batch_size > 1 and fmt != "npy":
-        raise click.UsageError("--batch-size > 1 needs --format npy (audio output renders one utterance at a time)")
     if "-" in inputs and launched_world_size() > 1:  # every rank would read its own part of stdin
         raise click.UsageError("'-' (text on stdin) cannot be split between processes: give text files or --text")
     if threads:
@@ -108,7 +107,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
         if fmt != "npy":
             options = AudioOptions(fmt, sample_rate, seed)
             outcomes = run_audio(synth, items, output_dir, options, prompt_wav, prompt_text, speaker, resume,
-                                 own_jsonl, show, tally)
+                                 own_jsonl, show, tally, batch_size)
         else:
             outcomes = run_synthesis(synth, items, output_dir, on_outcome=report, batch_size=batch_size, resume=resume)
     for out in outcomes:

@@ -60,7 +60,7 @@ def echo_skipped(out: SpeechOutcome | AudioOutcome, jsonl: bool) -> None:
 
 def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, options: AudioOptions,
               prompt_wav: str | None, prompt_text: str | None, speaker: str | None, resume: Resume,
-              jsonl: bool, show: bool, tally: OutcomeTally) -> list[AudioOutcome]:
+              jsonl: bool, show: bool, tally: OutcomeTally, batch_size: int = 1) -> list[AudioOutcome]:
     """Load flow + HiFT, prepare the voice (before any output), then render every item into ``tally`` (the
     caller ends it with ``tally.finish()``: exit 1 on failures)."""
     model = synth.model
@@ -79,4 +79,5 @@ def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, opt
         if jsonl:
             click.echo(json.dumps(rec, ensure_ascii=False))
 
-    return run_audio_synthesis(synth, vocalizer, items, output_dir, options, voice, on_outcome=report, resume=resume)
+    return run_audio_synthesis(synth, vocalizer, items, output_dir, options, voice, on_outcome=report, resume=resume,
+                               batch_size=batch_size)

@@ -22,13 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
+
 from specli.tts.acoustic.pipeline import AudioFormat, RenderedAudio, RenderError, VoicePrompt, Vocalizer, encode_audio
 from specli.core.sampling import request_generator
 from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, SynthesisResult, Synthesizer
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT
 from specli.errors import AudioError, UsageError
-from specli.tts.pipeline import (Resume, SpeechItem, content_fingerprint, request_settings, result_record, run_items,
-                                 synthesis_settings, write_output)
+from specli.tts.pipeline import (InOrder, Resume, SpeechItem, content_fingerprint, request_settings, result_record,
+                                 run_items, settled_item, synthesis_settings, write_output)
 
 __all__ = ["AudioOptions", "AudioOutcome", "Voice", "audio_path", "audio_record", "audio_settings", "prepare_voice",
            "run_audio_synthesis", "voice_settings"]
@@ -161,20 +163,33 @@ def _render_one(synth: Synthesizer, vocalizer: Vocalizer, request: SynthesisRequ
     t0 = time.perf_counter()
     result = synth.synthesize(request)
     llm_seconds = time.perf_counter() - t0
-    gen = request_generator(options.seed, request.id + _VOCODER_KEY, "cpu")
-    audio = vocalizer.render(result.tokens, voice.flow, gen, options.sample_rate)
-    outcome = AudioOutcome(where, request.id, result, audio, path, llm_seconds)
+    audio = vocalizer.render(result.tokens, voice.flow, _vocoder_generator(options, request), options.sample_rate)
+    return _write_audio(AudioOutcome(where, request.id, result, audio, path, llm_seconds), settings, options)
+
+
+def _vocoder_generator(options: AudioOptions, request: SynthesisRequest) -> torch.Generator:
+    """The vocoder's noise stream of one utterance: from (run seed, id), whatever the batch."""
+    return request_generator(options.seed, request.id + _VOCODER_KEY, "cpu")
+
+
+def _write_audio(outcome: AudioOutcome, settings: dict, options: AudioOptions) -> AudioOutcome:
+    """Encode and write a rendered outcome's audio (sidecar with ``settings`` and the record first)."""
     record = audio_record(outcome)
-    write_output(path, encode_audio(audio.audio, audio.sample_rate, options.format), settings, record)
+    audio = outcome.audio
+    write_output(outcome.path, encode_audio(audio.audio, audio.sample_rate, options.format), settings, record)
     return replace(outcome, record=record)
 
 
 def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[SpeechItem], output_dir: Path,
                         options: AudioOptions = AudioOptions(), voice: Voice | None = None, overwrite: bool = False,
-                        on_outcome: Callable[[AudioOutcome], None] | None = None, resume: Resume | None = None
-                        ) -> list[AudioOutcome]:
+                        on_outcome: Callable[[AudioOutcome], None] | None = None, resume: Resume | None = None,
+                        batch_size: int = 1) -> list[AudioOutcome]:
     """Synthesize every good item whose audio file is not kept by ``resume`` (default: the settings of
-    ``synth``; redo files made with others, or all with ``overwrite``)."""
+    ``synth``; redo files made with others, or all with ``overwrite``). With ``batch_size`` > 1 the LLM
+    decodes up to that many together and the acoustic stages take the finished rows in groups
+    (:meth:`Vocalizer.render_rows`): the same bytes as one at a time (for the same speech tokens), each file
+    written as its audio is done, outcomes reported in input order. A batched row's LLM seconds are its time
+    in the shared decode."""
     voice = voice or Voice(VoicePrompt.none(vocalizer.spec.mel.n_mels))
     resume = resume or Resume(synthesis_settings(synth), "overwrite" if overwrite else "changed")
     run_settings = {**resume.settings, "seed": options.seed, "audio": audio_settings(vocalizer, options)}
@@ -190,12 +205,75 @@ def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[Sp
         settings = {**run_settings, "request": request_settings(it.request), "voice": line_voice}
         return audio_path(output_dir, it.request.id, options.format), settings
 
+    if batch_size > 1:
+        return _run_audio_batched(synth, vocalizer, items, target, options, (voice, cache), resume, on_outcome,
+                                  batch_size)
+
     def produce(it: SpeechItem, path: Path, settings: dict) -> AudioOutcome:
         line_voice, request = _line_voice(vocalizer, it, voice, cache)
         return _render_one(synth, vocalizer, request, it.where, path, settings, options, line_voice)
 
-    return run_items(synth, items, resume, target, AudioOutcome, produce,
-                     (SynthesisInputError, RenderError, AudioError, UsageError), on_outcome)
+    return run_items(synth, items, resume, target, AudioOutcome, produce, _LINE_ERRORS, on_outcome)
+
+
+_LINE_ERRORS = (SynthesisInputError, RenderError, AudioError, UsageError)  # what fails one line, not the run
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A line on its way through the batched stages."""
+
+    k: int  # its input position
+    path: Path  # its audio file
+    settings: dict  # its resume settings
+    voice: Voice  # its voice
+    request: SynthesisRequest  # its request, LLM prompt filled in
+
+
+def _run_audio_batched(synth: Synthesizer, vocalizer: Vocalizer, items: list[SpeechItem],
+                       target: Callable[[SpeechItem], tuple[Path, dict]], options: AudioOptions,
+                       voices: tuple[Voice, dict[tuple[str, str], Voice]], resume: Resume,
+                       on_outcome: Callable[[AudioOutcome], None] | None, batch_size: int) -> list[AudioOutcome]:
+    """:func:`run_audio_synthesis` with ``batch_size`` rows decoding together; finished rows are rendered
+    ``batch_size`` at a time (and the last ones when the LLM is done)."""
+    order: InOrder[AudioOutcome] = InOrder(len(items), on_outcome)
+    rows: list[_Row] = []
+    for k, it in enumerate(items):
+        out, path, settings = settled_item(it, resume, target, AudioOutcome)
+        if out is None:
+            try:
+                line_voice, request = _line_voice(vocalizer, it, *voices)
+                rows.append(_Row(k, path, settings, line_voice, request))
+                continue
+            except (AudioError, UsageError) as exc:
+                out = AudioOutcome(it.where, it.request.id, error=str(exc))
+        order.settle(k, out)
+    done: list[tuple[_Row, SynthesisResult]] = []
+    for j, res in synth.synthesize_batch([row.request for row in rows], batch_size):
+        if isinstance(res, SynthesisInputError):
+            order.settle(rows[j].k, AudioOutcome(items[rows[j].k].where, rows[j].request.id, error=str(res)))
+            continue
+        done.append((rows[j], res))
+        if len(done) == batch_size:
+            _render_done(vocalizer, items, done, options, order)
+            done = []
+    _render_done(vocalizer, items, done, options, order)
+    synth.finish()
+    return order.all()
+
+
+def _render_done(vocalizer: Vocalizer, items: list[SpeechItem], done: list[tuple[_Row, SynthesisResult]],
+                 options: AudioOptions, order: InOrder[AudioOutcome]) -> None:
+    """Render and write the rows the LLM finished, settling each outcome as its file is written."""
+    jobs = [(res.tokens, row.voice.flow, _vocoder_generator(options, row.request)) for row, res in done]
+    for j, audio in vocalizer.render_rows(jobs, options.sample_rate):
+        row, res = done[j]
+        where = items[row.k].where
+        if isinstance(audio, RenderError):
+            order.settle(row.k, AudioOutcome(where, row.request.id, error=str(audio)))
+            continue
+        outcome = AudioOutcome(where, row.request.id, res, audio, row.path, res.stats.decode_seconds)
+        order.settle(row.k, _write_audio(outcome, row.settings, options))
 
 
 def audio_record(outcome: AudioOutcome) -> dict:

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -242,7 +242,7 @@ def run_items(synth: Synthesizer, items: list[SpeechItem], resume: Resume, targe
     become error outcomes)."""
     outcomes = []
     for it in items:
-        out, path, settings = _settled(it, resume, target, outcome)
+        out, path, settings = settled_item(it, resume, target, outcome)
         if out is None:
             try:
                 out = produce(it, path, settings)
@@ -255,7 +255,7 @@ def run_items(synth: Synthesizer, items: list[SpeechItem], resume: Resume, targe
     return outcomes
 
 
-def _settled(it: SpeechItem, resume: Resume, target: Target, outcome: Callable[..., O]
+def settled_item(it: SpeechItem, resume: Resume, target: Target, outcome: Callable[..., O]
              ) -> tuple[O | None, Path | None, dict]:
     """``(outcome, None, {})`` of an item that needs no synthesis (a bad line, or its output is kept), else
     ``(None, output path, settings)``; an existing output redone is told to ``resume.on_redo``."""
@@ -305,38 +305,49 @@ def run_synthesis(synth: Synthesizer, items: list[SpeechItem], output_dir: Path,
     return run_items(synth, items, resume, target, SpeechOutcome, produce, (SynthesisInputError,), on_outcome)
 
 
+class InOrder(Generic[O]):
+    """Outcomes of a batched run, released to ``on_outcome`` in input order as soon as all earlier ones are
+    known (rows finish out of order)."""
+
+    def __init__(self, count: int, on_outcome: Callable[[O], None] | None) -> None:
+        self.outcomes: list[O | None] = [None] * count
+        self.released = 0
+        self.on_outcome = on_outcome
+
+    def settle(self, k: int, out: O) -> None:
+        """Item ``k``'s outcome; releases it and every later known one once all before it are."""
+        self.outcomes[k] = out
+        while self.released < len(self.outcomes) and self.outcomes[self.released] is not None:
+            if self.on_outcome is not None:
+                self.on_outcome(self.outcomes[self.released])
+            self.released += 1
+
+    def all(self) -> list[O]:
+        return [out for out in self.outcomes if out is not None]
+
+
 def _run_batched(synth: Synthesizer, items: list[SpeechItem], resume: Resume, target: Target,
                  on_outcome: Callable[[SpeechOutcome], None] | None, batch_size: int) -> list[SpeechOutcome]:
     """:func:`run_synthesis` through :meth:`Synthesizer.synthesize_batch`: each output is written as its row
     finishes; outcomes are released to ``on_outcome`` in input order as soon as all earlier ones are known."""
-    outcomes: list[SpeechOutcome | None] = [None] * len(items)
-    released = 0
-
-    def settle(k: int, out: SpeechOutcome) -> None:
-        nonlocal released
-        outcomes[k] = out
-        while released < len(items) and outcomes[released] is not None:
-            if on_outcome is not None:
-                on_outcome(outcomes[released])
-            released += 1
-
+    order: InOrder[SpeechOutcome] = InOrder(len(items), on_outcome)
     todo: list[tuple[int, Path, dict]] = []
     for k, it in enumerate(items):
-        out, path, settings = _settled(it, resume, target, SpeechOutcome)
+        out, path, settings = settled_item(it, resume, target, SpeechOutcome)
         out = out or _frontend_needed(it)
         if out is None:
             todo.append((k, path, settings))
         else:
-            settle(k, out)
+            order.settle(k, out)
     for j, res in synth.synthesize_batch([items[k].request for k, _, _ in todo], batch_size):
         k, path, settings = todo[j]
         it = items[k]
         if isinstance(res, SynthesisInputError):
-            settle(k, SpeechOutcome(it.where, it.request.id, error=str(res)))
+            order.settle(k, SpeechOutcome(it.where, it.request.id, error=str(res)))
         else:
-            settle(k, _written(it, res, path, settings))
+            order.settle(k, _written(it, res, path, settings))
     synth.finish()
-    return [out for out in outcomes if out is not None]
+    return order.all()
 
 
 def result_record(result: SynthesisResult) -> dict:

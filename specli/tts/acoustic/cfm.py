@@ -96,31 +96,40 @@ def time_span(settings: CFMSettings, device: torch.device | str, dtype: torch.dt
 
 @torch.inference_mode()
 def solve_cfm(estimator: Estimator, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
-              settings: CFMSettings, **estimator_kwargs: Any) -> torch.Tensor:
-    """Mel ``[1, 80, T]`` from ``mu [1, C, T]``, ``mask [1, 1, T]``, ``spks [1, 80]``, ``cond [1, 80, T]``.
+              settings: CFMSettings, lengths: Sequence[int] | None = None, **estimator_kwargs: Any) -> torch.Tensor:
+    """Mel ``[N, 80, T]`` from ``mu [N, C, T]``, ``mask [N, 1, T]``, ``spks [N, 80]``, ``cond [N, 80, T]``.
 
     Upstream's ``solve_euler`` step for step: the same float operations in the same order (``t`` is
-    advanced by ``dt`` and the next ``dt`` is ``t_span[k + 1] - t``), CFG on a batch of two.
+    advanced by ``dt`` and the next ``dt`` is ``t_span[k + 1] - t``), CFG on a batch of two an utterance
+    (rows ``[cond 0, uncond 0, cond 1, ...]``). Several utterances (``N > 1``, padded to ``T``) need
+    ``lengths``, their frames, which the estimator gets as ``segments`` (row-segment estimators only,
+    :class:`specli.tts.acoustic.flow_cv3.DiT`); every utterance starts from the same fixed noise.
     """
-    frames = mu.shape[2]
-    x = fixed_noise(frames, mu.device, mu.dtype)
+    n, frames = mu.shape[0], mu.shape[2]
+    if n > 1 and lengths is None:
+        raise ValueError("several utterances need their lengths")
+    x = fixed_noise(frames, mu.device, mu.dtype).expand(n, -1, -1)
     span = time_span(settings, mu.device, mu.dtype)
     t, dt = span[0].reshape(1), span[1] - span[0]
     guided = settings.inference_cfg_rate > 0
-    rows = 2 if guided else 1
+    per = 2 if guided else 1  # estimator rows an utterance
+    rows = per * n
     x_in = x.new_zeros(rows, x.shape[1], frames)
     mu_in = mu.new_zeros(rows, *mu.shape[1:])
     spks_in = spks.new_zeros(rows, spks.shape[1])
     cond_in = cond.new_zeros(rows, *cond.shape[1:])
-    mask_in = mask.expand(rows, -1, -1).to(mu.dtype)
-    mu_in[0], spks_in[0], cond_in[0] = mu[0], spks[0], cond[0]
+    mask_in = mask.repeat_interleave(per, dim=0).to(mu.dtype)
+    mu_in[::per], spks_in[::per], cond_in[::per] = mu, spks, cond
+    if lengths is not None:
+        estimator_kwargs["segments"] = tuple((per, int(length)) for length in lengths)
     for step in range(1, len(span)):
-        x_in[:] = x
+        for k in range(per):
+            x_in[k::per] = x
         t_in = t.expand(rows)
         velocity = estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, **estimator_kwargs)
         if guided:
             w = settings.inference_cfg_rate
-            velocity = (1.0 + w) * velocity[:1] - w * velocity[1:]
+            velocity = (1.0 + w) * velocity[::2] - w * velocity[1::2]
         x = x + dt * velocity
         t = t + dt
         if step < len(span) - 1:

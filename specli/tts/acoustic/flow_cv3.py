@@ -16,6 +16,13 @@ load one to one:
   ``dim_head`` channels of the *un-split* query/key, as x-transformers applies it there) and tanh-GELU feed-forward; final adaLN + projection;
 - the mel after the prompt frames is returned.
 
+Rows of several utterances run together (``segments``, :class:`Spans`): the padded batch shares the
+position-wise layers (every linear, norm and activation, whose rows do not depend on their neighbours), while
+what mixes frames or reads the time embedding (attention, the conv position embedding, the adaLN
+modulations) runs per utterance over its own frames, the very calls a batch of one makes: an utterance's mel
+is then the same bits at any batch size (GEMMs of 12 rows or more give each row the same bits whatever the
+row count on these CPUs; tests/test_flow_batch.py checks it).
+
 Attention is full (upstream's offline ``tts``) or, with ``streaming=True``, chunk-causal over
 ``static_chunk_size`` (50) frames as upstream's streaming mode; with ``finalize=False`` the last 3 tokens
 only serve as look-ahead context. Then the mel of a token prefix that ends on a chunk boundary (prompt
@@ -25,6 +32,7 @@ streaming relies on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,7 +42,29 @@ from torch import nn
 
 from specli.tts.acoustic.cfm import CFMSettings, attention_mask, solve_cfm, timestep_sinusoid, yaml_args
 
-__all__ = ["DiTConfig", "FlowCV3", "FlowCV3Config", "PreLookahead", "TokenFlow"]
+__all__ = ["DiTConfig", "FlowCV3", "FlowCV3Config", "PreLookahead", "Spans", "TokenFlow"]
+
+Spans = tuple[tuple[int, int, int], ...]  # (first row, end row, frames) of each utterance in a padded batch
+
+
+def spans_of(segments: Sequence[tuple[int, int]]) -> Spans:
+    """The row spans of consecutive ``(rows, frames)`` segments: ``((0, r0, f0), (r0, r0 + r1, f1), ...)``."""
+    out, lo = [], 0
+    for rows, frames in segments:
+        out.append((lo, lo + rows, frames))
+        lo += rows
+    return tuple(out)
+
+
+def _per_span(layer: nn.Module, x: torch.Tensor, spans: Spans) -> torch.Tensor:
+    """``layer`` on each span's rows and frames alone (``x [B, T, D]`` padded), zeros past each span's frames."""
+    out: torch.Tensor | None = None
+    for lo, hi, frames in spans:
+        y = layer(x[lo:hi, :frames].contiguous())
+        if out is None:
+            out = y.new_zeros(x.shape[0], x.shape[1], y.shape[2])
+        out[lo:hi, :frames] = y
+    return out
 
 
 @dataclass(frozen=True)
@@ -165,10 +195,12 @@ class _InputEmbed(nn.Module):
         self.proj = nn.Linear(cfg.mel_dim * 2 + cfg.mu_dim + cfg.spk_dim, cfg.dim)
         self.conv_pos_embed = _CausalConvPosition(cfg.dim, cfg.conv_pos_kernel, cfg.conv_pos_groups)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor, mu: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, mu: torch.Tensor, spks: torch.Tensor,
+                spans: Spans | None = None) -> torch.Tensor:
         # x, cond [B, T, 80], mu [B, T, mu_dim], spks [B, spk_dim] -> [B, T, dim]
         h = self.proj(torch.cat([x, cond, mu, spks[:, None].expand(-1, x.shape[1], -1)], dim=-1))
-        return self.conv_pos_embed(h) + h
+        pos = self.conv_pos_embed(h) if spans is None else _per_span(self.conv_pos_embed, h, spans)
+        return pos + h
 
 
 class _Rotary(nn.Module):
@@ -212,18 +244,30 @@ class _Attention(nn.Module):
         self.to_v = nn.Linear(cfg.dim, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, cfg.dim)])  # upstream's to_out.1 is a Dropout
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, angles: torch.Tensor) -> torch.Tensor:
-        # x [B, T, dim], mask [B, 1, T, T] bool (key j visible from query i; None: all), angles [T, dim_head]
-        b, n, _ = x.shape
-        q = _apply_rotary(self.to_q(x), angles)
-        k = _apply_rotary(self.to_k(x), angles)
-        v = self.to_v(x)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, angles: torch.Tensor,
+                spans: Spans | None = None) -> torch.Tensor:
+        # x [B, T, dim], mask [B, 1, T, T] bool (key j visible from query i; None: all), angles [T, dim_head];
+        # spans: attend within each utterance's rows and frames (mask ignored)
+        q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+        if spans is None:
+            out = self.to_out[0](self._attend(q, k, v, mask, angles))
+            if mask is None:
+                return out
+            return out.masked_fill(~mask[:, 0, -1, :, None], 0.0)  # upstream zeroes padded query rows
+        heads = q.new_zeros(q.shape)  # [B, T, inner]: padded frames attend to nothing
+        for lo, hi, frames in spans:
+            part = (y[lo:hi, :frames].contiguous() for y in (q, k, v))
+            heads[lo:hi, :frames] = self._attend(*part, None, angles[:frames])
+        return self.to_out[0](heads)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                angles: torch.Tensor) -> torch.Tensor:
+        # q, k, v [B, T, inner] before the rotary -> [B, T, inner] attention output (heads concatenated)
+        b, n, _ = q.shape
+        q, k = _apply_rotary(q, angles), _apply_rotary(k, angles)
         q, k, v = (y.view(b, n, self.heads, -1).transpose(1, 2) for y in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        out = self.to_out[0](out.transpose(1, 2).reshape(b, n, -1))
-        if mask is None:
-            return out
-        return out.masked_fill(~mask[:, 0, -1, :, None], 0.0)  # upstream zeroes padded query rows
+        return out.transpose(1, 2).reshape(b, n, -1)
 
 
 class _FeedForward(nn.Module):
@@ -260,15 +304,26 @@ class _DiTBlock(nn.Module):
         self.attn = _Attention(cfg)
         self.ff = _FeedForward(cfg.dim, cfg.ff_mult)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, mask: torch.Tensor | None, angles: torch.Tensor
-                ) -> torch.Tensor:
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self.attn_norm(t)
-        x = x + gate_a * self.attn(_norm(x) * (1 + scale_a) + shift_a, mask, angles)
+    def forward(self, x: torch.Tensor, t: torch.Tensor | list[torch.Tensor], mask: torch.Tensor | None,
+                angles: torch.Tensor, spans: Spans | None = None) -> torch.Tensor:
+        # t: [B, dim] time embedding, or with spans each span's own [rows, dim]
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = _modulation(self.attn_norm, t)
+        x = x + gate_a * self.attn(_norm(x) * (1 + scale_a) + shift_a, mask, angles, spans)
         return x + gate_f * self.ff(_norm(x) * (1 + scale_f) + shift_f)
+
+
+def _modulation(norm: _AdaNorm, t: torch.Tensor | list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """``norm(t)``; for a list (one time embedding a span) each span's alone, rows concatenated: a span's
+    modulation is then the few-row GEMM a batch of one computes."""
+    if isinstance(t, torch.Tensor):
+        return norm(t)
+    return tuple(torch.cat(chunks, dim=0) for chunks in zip(*(norm(part) for part in t)))
 
 
 class DiT(nn.Module):
     """The velocity estimator ``(x, mask, mu, t, spks, cond) -> [B, 80, T]``."""
+
+    row_segments = True  # takes ``segments``: several utterances in one padded batch (TokenFlow.inference_rows)
 
     def __init__(self, cfg: DiTConfig) -> None:
         super().__init__()
@@ -283,18 +338,23 @@ class DiT(nn.Module):
         self.proj_out = nn.Linear(cfg.dim, cfg.mel_dim)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
-                cond: torch.Tensor, streaming: bool = False) -> torch.Tensor:
-        # x, cond [B, 80, T], mask [B, 1, T], mu [B, mu_dim, T], t [B], spks [B, spk_dim] -> [B, 80, T]
-        temb = self.time_embed(t)
-        h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)
+                cond: torch.Tensor, streaming: bool = False,
+                segments: Sequence[tuple[int, int]] | None = None) -> torch.Tensor:
+        # x, cond [B, 80, T], mask [B, 1, T], mu [B, mu_dim, T], t [B], spks [B, spk_dim] -> [B, 80, T];
+        # segments: (rows, frames) of each utterance, in row order (full attention within each; mask unused)
+        spans = None if segments is None else spans_of(segments)
+        if spans is not None and streaming:
+            raise ValueError("row segments are for offline (full attention) inference")
+        temb = self.time_embed(t) if spans is None else [self.time_embed(t[lo:hi]) for lo, hi, _ in spans]
+        h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks, spans)
         residual = h
-        attn_mask = attention_mask(mask, self.cfg.static_chunk_size if streaming else 0)
+        attn_mask = None if spans else attention_mask(mask, self.cfg.static_chunk_size if streaming else 0)
         angles = self.rotary_embed(h.shape[1])
         for block in self.transformer_blocks:
-            h = block(h, temb, attn_mask, angles)
+            h = block(h, temb, attn_mask, angles, spans)
         if self.cfg.long_skip_connection:
             h = self.long_skip_connection(torch.cat([h, residual], dim=-1))
-        scale, shift = self.norm_out(temb)
+        scale, shift = _modulation(self.norm_out, temb)
         return self.proj_out(_norm(h) * (1 + scale) + shift).transpose(1, 2)
 
 
@@ -331,6 +391,36 @@ class TokenFlow(nn.Module):
         ``tokens [1, N]``, ``prompt_tokens [1, P]`` int, ``prompt_mel [1, 2P, 80]`` (may be empty),
         ``embedding [1, 192]`` (zeros: no speaker).
         """
+        mu, spks, cond, prompt_frames = self._conditions(tokens, prompt_tokens, prompt_mel, embedding, streaming,
+                                                         finalize)
+        mask = mu.new_ones(1, 1, mu.shape[2])
+        mel = solve_cfm(self.decoder.estimator, mu, mask, spks, cond, self.cfg.cfm, streaming=streaming)
+        return mel[:, :, prompt_frames:]
+
+    @torch.inference_mode()
+    def inference_rows(self, rows: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+                       ) -> list[torch.Tensor]:
+        """:meth:`inference` (offline) of several utterances ``(tokens, prompt_tokens, prompt_mel, embedding)``
+        together: one padded CFM solve when the estimator takes row segments (the DiT; each mel the same bits
+        as alone), else one after another."""
+        if not getattr(self.decoder.estimator, "row_segments", False) or len(rows) == 1:
+            return [self.inference(*row) for row in rows]
+        conds = [self._conditions(*row, streaming=False, finalize=True) for row in rows]
+        lengths = [mu.shape[2] for mu, _, _, _ in conds]
+        width = max(lengths)
+
+        def padded(k: int) -> torch.Tensor:  # [N, C, width] of the k-th condition of every row
+            return torch.cat([F.pad(c[k], (0, width - c[k].shape[2])) for c in conds], dim=0)
+
+        mask = torch.stack([(torch.arange(width) < n).to(conds[0][0].dtype) for n in lengths])[:, None]
+        mel = solve_cfm(self.decoder.estimator, padded(0), mask.to(conds[0][0].device),
+                        torch.cat([c[1] for c in conds], dim=0), padded(2), self.cfg.cfm, lengths=lengths)
+        return [mel[i : i + 1, :, c[3] : n] for i, (c, n) in enumerate(zip(conds, lengths))]
+
+    def _conditions(self, tokens: torch.Tensor, prompt_tokens: torch.Tensor, prompt_mel: torch.Tensor,
+                    embedding: torch.Tensor, streaming: bool, finalize: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """``(mu [1, 80, T], spks [1, 80], cond [1, 80, T], prompt frames)`` of one utterance."""
         cfg, param = self.cfg, self.spk_embed_affine_layer.weight
         device, dtype = param.device, param.dtype
         spks = self.spk_embed_affine_layer(F.normalize(embedding.to(device, dtype), dim=1))
@@ -344,10 +434,7 @@ class TokenFlow(nn.Module):
         prompt_frames, frames = prompt_mel.shape[1], mu.shape[1]
         cond = mu.new_zeros(1, frames, cfg.output_size)
         cond[:, :prompt_frames] = prompt_mel.to(device, dtype)
-        mask = mu.new_ones(1, 1, frames)
-        mel = solve_cfm(self.decoder.estimator, mu.transpose(1, 2).contiguous(), mask, spks,
-                        cond.transpose(1, 2).contiguous(), cfg.cfm, streaming=streaming)
-        return mel[:, :, prompt_frames:]
+        return mu.transpose(1, 2).contiguous(), spks, cond.transpose(1, 2).contiguous(), prompt_frames
 
 
 class FlowCV3(TokenFlow):

@@ -15,6 +15,7 @@ import io
 import os
 import time
 from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -168,17 +169,63 @@ class Vocalizer:
 
     def mel(self, tokens: list[int], prompt: VoicePrompt) -> torch.Tensor:
         """Mel ``[1, n_mels, ratio N]`` of ``N`` flow tokens after the prompt (offline: full attention)."""
+        self._check_prompt(prompt)
+        ids = torch.tensor([tokens], dtype=torch.int64, device=self.device)
+        return self.flow.inference(ids, *self._prompt_tensors(prompt))
+
+    def _check_prompt(self, prompt: VoicePrompt) -> None:
         ratio = prompt.frames_per_token()
         if ratio is not None and ratio != self.spec.token_mel_ratio:
             raise ValueError(f"the prompt has {ratio} mel frames a token; this model needs {self.spec.token_mel_ratio}")
-        ids = torch.tensor([tokens], dtype=torch.int64, device=self.device)
-        return self.flow.inference(ids, prompt.speech_tokens.to(self.device), prompt.prompt_mel.to(self.device),
-                                   prompt.embedding.to(self.device))
+
+    def _prompt_tensors(self, prompt: VoicePrompt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prompt's tokens, mel and x-vector on the flow's device."""
+        return (prompt.speech_tokens.to(self.device), prompt.prompt_mel.to(self.device),
+                prompt.embedding.to(self.device))
 
     def render(self, tokens: list[int], prompt: VoicePrompt, generator: torch.Generator,
                sample_rate: int | None = None) -> RenderedAudio:
         """Audio of the LLM's ``tokens`` in ``prompt``'s voice at ``sample_rate`` (None: the vocoder's own);
         :class:`RenderError` when it cannot be."""
+        kept = self._flow_input(tokens, prompt)
+        t0 = time.perf_counter()
+        mel = self.mel(kept, prompt)
+        _sync(self.device)
+        return self._vocoded(mel, len(kept), time.perf_counter() - t0, generator, sample_rate)
+
+    def render_rows(self, rows: Sequence[tuple[list[int], VoicePrompt, torch.Generator]],
+                    sample_rate: int | None = None, flow_together: bool | None = None
+                    ) -> Iterator[tuple[int, RenderedAudio | RenderError]]:
+        """:meth:`render` of several utterances ``(tokens, prompt, generator)``, each the same samples as alone;
+        ``(index, audio or why not)`` as each is vocoded. The flow runs the rows in one padded batch when
+        ``flow_together`` (default: on CUDA; on CPU rows one after another, which measured faster:
+        docs/benchmarks/synthesis-batch/); the vocoder takes them one at a time, and a row's flow seconds are
+        its share of the batch by mel frames."""
+        kept: dict[int, list[int]] = {}
+        for i, (tokens, prompt, _) in enumerate(rows):
+            try:
+                kept[i] = self._flow_input(tokens, prompt)
+            except RenderError as exc:
+                yield i, exc
+        together = self.device.type == "cuda" if flow_together is None else flow_together
+        if not together:
+            for i in kept:
+                yield i, self.render(rows[i][0], rows[i][1], rows[i][2], sample_rate)
+            return
+        for i in kept:
+            self._check_prompt(rows[i][1])
+        t0 = time.perf_counter()
+        mels = self.flow.inference_rows([(torch.tensor([kept[i]], dtype=torch.int64, device=self.device),
+                                          *self._prompt_tensors(rows[i][1])) for i in kept])
+        _sync(self.device)
+        flow_seconds = time.perf_counter() - t0
+        frames = sum(m.shape[2] for m in mels)
+        for i, mel in zip(kept, mels):
+            share = flow_seconds * mel.shape[2] / frames
+            yield i, self._vocoded(mel, len(kept[i]), share, rows[i][2], sample_rate)
+
+    def _flow_input(self, tokens: list[int], prompt: VoicePrompt) -> list[int]:
+        """The flow tokens of ``tokens`` (:meth:`flow_tokens`); RenderError when none are left or too long."""
         kept = self.flow_tokens(tokens)
         if not kept:
             raise RenderError("no speech tokens to render (the LLM generated none)")
@@ -186,17 +233,19 @@ class Vocalizer:
         if frames > NOISE_FRAMES:
             raise RenderError(f"too long for the flow stage: {frames} mel frames with the prompt (at most "
                               f"{NOISE_FRAMES}, {NOISE_FRAMES / self.spec.mel.frame_rate:.0f} s)")
-        t0 = time.perf_counter()
-        mel = self.mel(kept, prompt)
-        _sync(self.device)
+        return kept
+
+    def _vocoded(self, mel: torch.Tensor, flow_tokens: int, flow_seconds: float, generator: torch.Generator,
+                 sample_rate: int | None) -> RenderedAudio:
+        """Vocode ``mel [1, n_mels, T]`` (+ resample to ``sample_rate``) into a :class:`RenderedAudio`."""
         t1 = time.perf_counter()
         audio = self.vocoder.vocode(mel, generator)[0].float().cpu().numpy()
         rate = sample_rate or self.vocoder.sample_rate
         if rate != self.vocoder.sample_rate:
             audio = soxr.resample(audio, self.vocoder.sample_rate, rate, quality=RESAMPLE_QUALITY)
         t2 = time.perf_counter()
-        return RenderedAudio(np.ascontiguousarray(audio, dtype=np.float32), rate, len(kept), mel.shape[2],
-                             t1 - t0, t2 - t1)
+        return RenderedAudio(np.ascontiguousarray(audio, dtype=np.float32), rate, flow_tokens, mel.shape[2],
+                             flow_seconds, t2 - t1)
 
 
 def _load_vocoder(root: Path, cfg: dict, kind: ModelKind, spec: AcousticSpec, yaml_path: Path,

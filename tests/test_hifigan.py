@@ -126,23 +126,24 @@ def test_loading_does_not_import_the_wheel_module() -> None:
 @needs_wheel
 @pytest.mark.slow
 def test_universal_matches_library(universal: HifiGan, library_universal: torch.nn.Module) -> None:
-    """Random mels and the mel of a real clip: specli's output equals the library's within 1e-5.
+    """Random mels and the mel of a real clip: specli's output equals the library's within 3e-5, under one 16-bit
+    PCM step (3.05e-5).
 
-    Both compute the same graph with the same torch ops; the only difference is the weight-norm fold
-    (specli's ``v * (g / ||v||)`` vs torch's ``_weight_norm``), at most 1 ulp per weight (measured 3e-8),
-    which gives <= 1.3e-6 on the audio (peak ~0.4); 1e-5 leaves margin for thread counts and platforms.
-    With the library's own folded weights the output is identical (measured 0)."""
+    Both compute the same graph; specli runs each convolution as a channels-last 2-D convolution with a 1 x K
+    kernel (2-3x faster on CPU), which sums in another order than the library's ``Conv1d`` (measured: at most
+    1.3e-5 on audio of peak ~0.4, a few samples in 40k above 1e-5), and folds the weight norm as
+    ``v * (g / ||v||)`` (at most 1 ulp per weight, <= 1.3e-6 on the audio)."""
     real = universal.mel(torch.from_numpy(load_audio(QUEUE, 22050)[: 2 * 22050]))  # [1, 80, 172]
     for mel in (_mel(2, 40, 1), _mel(1, 7, 2), real):
         with torch.inference_mode():
             expected = library_universal(mel)[:, 0]  # [B, T * 256]
         audio = universal.vocode(mel)
         assert audio.shape == (mel.shape[0], mel.shape[2] * 256) and audio.dtype == torch.float32
-        torch.testing.assert_close(audio, expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(audio, expected, rtol=0, atol=3e-5)
     same = HifiGan(universal.cfg)
     same.load_state_dict(library_universal.state_dict())
     with torch.inference_mode():
-        torch.testing.assert_close(same.vocode(real), library_universal(real)[:, 0], rtol=0, atol=1e-7)
+        torch.testing.assert_close(same.vocode(real), library_universal(real)[:, 0], rtol=0, atol=3e-5)
 
 
 @needs_wheel

@@ -155,11 +155,25 @@ class _ResBlock1(nn.Module):
         self.convs2 = nn.ModuleList(nn.Conv1d(channels, channels, kernel, padding=(kernel - 1) // 2)
                                     for _ in dilations)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T] -> [B, C, T]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, 1, T] channels-last -> the same
         for c1, c2 in zip(self.convs1, self.convs2):
-            xt = c2(F.leaky_relu(c1(F.leaky_relu(x, self.slope)), self.slope))
+            xt = _conv(c2, F.leaky_relu(_conv(c1, F.leaky_relu(x, self.slope)), self.slope))
             x = xt + x
         return x
+
+
+def _conv(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """``conv`` on ``x [B, C, 1, T]`` as a channels-last 2-D convolution with a ``1 x K`` kernel: the same sums as
+    ``Conv1d`` up to float rounding, 2-3x faster on CPU for the narrow, long layers (oneDNN's channels-last
+    kernels reach ~80 GFLOP/s a core where its 1-D ones reach ~35: docs/benchmarks/synthesis-batch/)."""
+    weight = conv.weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # [Cout, Cin, 1, K]
+    return F.conv2d(x, weight, conv.bias, padding=(0, conv.padding[0]), dilation=(1, conv.dilation[0]))
+
+
+def _conv_transpose(conv: nn.ConvTranspose1d, x: torch.Tensor) -> torch.Tensor:
+    """``ConvTranspose1d`` on ``x [B, C, 1, T]`` in the channels-last 2-D form (see :func:`_conv`)."""
+    weight = conv.weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # [Cin, Cout, 1, K]
+    return F.conv_transpose2d(x, weight, conv.bias, stride=(1, conv.stride[0]), padding=(0, conv.padding[0]))
 
 
 class HifiGan(nn.Module):
@@ -185,14 +199,15 @@ class HifiGan(nn.Module):
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:  # [B, num_mels, T] -> [B, 1, T * hop]
         kernels = len(self.cfg.resblock_kernel_sizes)
-        x = self.conv_pre(mel)  # [B, 512, T]
+        x = mel[:, :, None].contiguous(memory_format=torch.channels_last)  # [B, num_mels, 1, T]
+        x = _conv(self.conv_pre, x)  # [B, 512, 1, T]
         for i, up in enumerate(self.ups):
-            x = up(F.leaky_relu(x, self.cfg.lrelu_slope))  # [B, C / 2, T * rate]
+            x = _conv_transpose(up, F.leaky_relu(x, self.cfg.lrelu_slope))  # [B, C / 2, 1, T * rate]
             xs = self.resblocks[i * kernels](x)
             for j in range(1, kernels):
                 xs = xs + self.resblocks[i * kernels + j](x)
             x = xs / kernels
-        return torch.tanh(self.conv_post(F.leaky_relu(x)))  # upstream: default slope 0.01 here
+        return torch.tanh(_conv(self.conv_post, F.leaky_relu(x)))[:, :, 0]  # upstream: default slope 0.01 here
 
     @torch.inference_mode()
     def vocode(self, mel: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

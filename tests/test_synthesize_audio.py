@@ -230,3 +230,24 @@ def test_manifest_prompts_fail_per_line(tmp_path: Path, cv3: Path) -> None:
         assert sf.info(tmp_path / "o" / f"{rid}.wav").frames == 480 * recs[rid]["mel_frames"] > 0
     npy = _run([str(manifest), "--model", str(cv3), "-o", str(tmp_path / "t")])  # tokens only: no frontend
     assert f"{manifest}:1: prompt_wav needs the speech-tokenizer frontend" in npy.stderr
+
+
+def test_flow_steps_is_a_user_option_recorded_for_resume(tmp_path: Path, cv3: Path) -> None:
+    """--flow-steps N: the flow's Euler steps (default the model's 10, unchanged output); fewer give other audio of
+    the same length; the choice is part of the resume settings; npy output refuses it."""
+    base = ["--model", str(cv3), "--text", "hello there", "--format", "wav", "--jsonl", "-"]
+    default = _run([*base, "-o", str(tmp_path / "d")])
+    ten = _run([*base, "--flow-steps", "10", "-o", str(tmp_path / "ten")])
+    four = _run([*base, "--flow-steps", "4", "-o", str(tmp_path / "four")])
+    assert default.exit_code == ten.exit_code == four.exit_code == 0
+    wav = "text_00001.wav"
+    assert (tmp_path / "ten" / wav).read_bytes() == (tmp_path / "d" / wav).read_bytes()
+    a, rate = sf.read(tmp_path / "d" / wav)
+    b, _ = sf.read(tmp_path / "four" / wav)
+    assert a.shape == b.shape and not np.array_equal(a, b)
+    again = _run([*base, "--flow-steps", "4", "-o", str(tmp_path / "four")])
+    assert "1 skipped" in again.stderr
+    redo = _run([*base, "--flow-steps", "3", "-o", str(tmp_path / "four")])
+    assert "redoing text_00001" in redo.stderr and "flow_steps" in redo.stderr
+    refused = _run(["--model", str(cv3), "--text", "hi", "--flow-steps", "4", "-o", str(tmp_path / "npy")])
+    assert refused.exit_code == 2 and "--flow-steps" in refused.stderr

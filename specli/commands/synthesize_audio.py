@@ -64,7 +64,7 @@ def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, opt
     """Load flow + HiFT, prepare the voice (before any output), then render every item into ``tally`` (the
     caller ends it with ``tally.finish()``: exit 1 on failures)."""
     model = synth.model
-    vocalizer = Vocalizer.from_dir(model.path, model.spec.kind, model.lm.qwen.device)
+    vocalizer = Vocalizer.from_dir(model.path, model.spec.kind, model.lm.qwen.device, options.flow_steps)
     voice = prepare_voice(vocalizer, prompt_wav, prompt_text, speaker)
 
     def report(out: AudioOutcome) -> None:

@@ -45,12 +45,15 @@ class AudioOptions:
     format: AudioFormat = "wav"  # container: 16-bit PCM wav or flac
     sample_rate: int | None = None  # output rate; None: the vocoder's own; any other is resampled with soxr
     seed: int = 0  # run seed; each utterance's vocoder noise comes from (seed, id)
+    flow_steps: int | None = None  # the flow's Euler steps; None: the model's (10); fewer are faster and rougher
 
     def __post_init__(self) -> None:
         if self.format not in ("wav", "flac"):
             raise ValueError(f"unknown audio format {self.format!r} (wav, flac)")
         if self.sample_rate is not None and not 8000 <= self.sample_rate <= 192000:
             raise ValueError("sample_rate must be within 8000..192000 Hz")
+        if self.flow_steps is not None and not 1 <= self.flow_steps <= 100:
+            raise ValueError("flow_steps must be within 1..100")
 
 
 @dataclass(frozen=True)
@@ -126,9 +129,12 @@ def voice_settings(prompt_wav: str | None = None, prompt_text: str | None = None
 def audio_settings(vocalizer: Vocalizer, options: AudioOptions) -> dict:
     """The audio half of an utterance's settings: container, rate, and the flow / vocoder checkpoints by content."""
     root, vocoder = vocalizer.model_dir, vocalizer.vocoder_file
-    return {"format": options.format, "sample_rate": options.sample_rate or vocalizer.vocoder.sample_rate,
-            "flow": content_fingerprint(root / "flow.pt") if root else "unknown",
-            "vocoder": content_fingerprint(vocoder) if vocoder else "unknown"}
+    settings = {"format": options.format, "sample_rate": options.sample_rate or vocalizer.vocoder.sample_rate,
+                "flow": content_fingerprint(root / "flow.pt") if root else "unknown",
+                "vocoder": content_fingerprint(vocoder) if vocoder else "unknown"}
+    if options.flow_steps is not None:  # recorded only when asked: outputs made before the option stay kept
+        settings["flow_steps"] = options.flow_steps
+    return settings
 
 
 def audio_path(output_dir: Path, rid: str, fmt: AudioFormat) -> Path:

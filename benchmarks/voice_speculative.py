@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: batch1, batched, audio")
+    ap.add_argument("--audio-presets", default="", help="comma-separated presets for part 3 (default: every RAS one)")
+    ap.add_argument("--audio-sentences", type=int, default=0, help="part 3 on the first N sentences (0: all)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -117,9 +119,12 @@ def main() -> None:
         report["batched"] = batched(presets, texts, args.voice, sizes, args.repeat)
     if "audio" not in skip:
         names = [n for n in presets if n.endswith("-ras") and not n.startswith("pool")]
+        names = [n for n in args.audio_presets.split(",") if n in presets] or names
+        few = work / "audio.jsonl"
+        few.write_text("".join(texts.read_text().splitlines(keepends=True)[: args.audio_sentences or None]))
         opts = SynthesisBenchOptions(tuple(str(presets[n]) for n in names), str(presets["ar-ras"]), args.repeat,
                                      audio=True)
-        report["audio"] = run_synthesis_bench([str(texts)], opts, log)
+        report["audio"] = run_synthesis_bench([str(few)], opts, log)
         report["audio"].pop("runs")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -33,9 +33,18 @@ _ONEDNN = (
 )
 
 
+def _bf16_packable() -> bool:
+    """Whether oneDNN can reorder and multiply bf16 weights on this CPU (it refuses without AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT: on such a CPU a bf16 ``Linear`` keeps its plain weight and calls ``F.linear``)."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return probe is not None and bool(probe())
+
+
 def _pack(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight [out, in]`` in oneDNN's blocked layout, or None where the fast path does not apply."""
     if not (_ONEDNN and weight.device.type == "cpu" and weight.dtype in _PACKABLE and weight.dim() == 2):
+        return None
+    if weight.dtype == torch.bfloat16 and not _bf16_packable():
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 

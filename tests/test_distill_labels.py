@@ -153,7 +153,16 @@ def test_committed_labels_rebuild_from_regenerated_audio_and_stay_on_policy(tmp_
     files = [locate(e, [tmp_path / "audio"]) for e in entries[:2]]
     run("distill", "data", *files, "--preset", PRESET, "--out", tmp_path / "again", "--dtype", header["dtype"], "-q")
     again = {Path(k).name: v for k, v in _by_file(tmp_path / "again").items()}
+    # the labels were made in bf16 through oneDNN's native-bf16 kernels (AVX-512 BF16): a CPU without them runs
+    # bf16 through other kernels with other rounding, where a near-tie may move a timestamp pair (seen on an AVX2
+    # machine: the same words, one more segment boundary); there the words must still be the labelled ones
+    same_kernels = header["dtype"] != "bfloat16" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     for entry in entries[:2]:
         labelled = [w["tokens"] for w in entry["windows"]]
         assert [r["tokens"].tolist() for r in rebuilt[entry["audio"]]] == labelled
-        assert [r["tokens"].tolist() for r in again[Path(entry["audio"]).name]] == labelled
+        relabelled = [r["tokens"].tolist() for r in again[Path(entry["audio"]).name]]
+        if same_kernels:
+            assert relabelled == labelled
+        else:
+            words = lambda windows: [[t for t in w if t < 50256] for w in windows]  # noqa: E731 (text tokens)
+            assert words(relabelled) == words(labelled)

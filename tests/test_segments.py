@@ -239,9 +239,10 @@ def test_nonspeech_gives_near_empty_text_and_no_loop(whisper_models, nonspeech_f
     opts = TranscribeOptions(decoding=DecodingOptions(seed=0))
     result = transcribe_file(whisper_models(model), nonspeech_files[signal], opts)
     words = _words(result.text)
-    # silence and noise: nothing, or Whisper's classic one-word "you"; tones: at most one short
-    # hallucinated sentence, never a loop
-    assert len(words) <= (3 if signal != "tones" else 10), result.text
+    # silence and noise: nothing, or Whisper's classic one-word "you"; tones: at most one hallucinated
+    # sentence, never a loop (which sentence the sampled fallback draws depends on the CPU's float rounding:
+    # <= 10 words on AVX-512 machines, 13 on an AVX2 one; the loop was 18 sentences)
+    assert len(words) <= (3 if signal != "tones" else 20), result.text
     sentences = [s.strip() for s in re.split(r"[.!?]", result.text.lower()) if s.strip()]
     assert len(sentences) == len(set(sentences)), result.text
     assert result.stats.windows <= 2  # a second window only when the seek resumes after a cut loop

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specli.bench.report import Run, SystemInfo, acceptance_stats, aggregate, speedups
-from specli.core.sampling import request_generator
 from specli.tts.acoustic.pipeline import RenderError, Vocalizer, VoicePrompt
+from specli.tts.audio_out import vocoder_generator
 from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, Synthesizer, build_synthesizer
 from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
 from specli.presets.synthesis import SynthesisPreset, load_synthesis_preset
@@ -101,7 +101,7 @@ def _measure(p: SynthesisPreset, synth: Synthesizer, vocalizer: Vocalizer | None
     if vocalizer is not None:
         try:
             audio = vocalizer.render(res.tokens, VoicePrompt.none(vocalizer.spec.mel.n_mels),
-                                     request_generator(seed, req.id + "/vocoder", "cpu"))
+                                     vocoder_generator(seed, req.id))
         except RenderError as exc:
             if progress:
                 progress(f"skip {req.id}: {exc}")

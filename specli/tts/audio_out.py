@@ -33,7 +33,7 @@ from specli.tts.pipeline import (InOrder, Resume, SpeechItem, content_fingerprin
                                  run_items, settled_item, synthesis_settings, write_output)
 
 __all__ = ["AudioOptions", "AudioOutcome", "Voice", "audio_path", "audio_record", "audio_settings", "prepare_voice",
-           "run_audio_synthesis", "voice_settings"]
+           "run_audio_synthesis", "vocoder_generator", "voice_settings"]
 
 _VOCODER_KEY = "/vocoder"  # the vocoder's generator key suffix (its own stream, apart from the LLM's)
 
@@ -169,13 +169,15 @@ def _render_one(synth: Synthesizer, vocalizer: Vocalizer, request: SynthesisRequ
     t0 = time.perf_counter()
     result = synth.synthesize(request)
     llm_seconds = time.perf_counter() - t0
-    audio = vocalizer.render(result.tokens, voice.flow, _vocoder_generator(options, request), options.sample_rate)
+    audio = vocalizer.render(result.tokens, voice.flow, vocoder_generator(options.seed, request.id),
+                             options.sample_rate)
     return _write_audio(AudioOutcome(where, request.id, result, audio, path, llm_seconds), settings, options)
 
 
-def _vocoder_generator(options: AudioOptions, request: SynthesisRequest) -> torch.Generator:
-    """The vocoder's noise stream of one utterance: from (run seed, id), whatever the batch."""
-    return request_generator(options.seed, request.id + _VOCODER_KEY, "cpu")
+def vocoder_generator(seed: int, request_id: str) -> torch.Generator:
+    """The vocoder's noise stream of one utterance: from (run seed, id), whatever the batch (its own stream,
+    apart from the LLM's)."""
+    return request_generator(seed, request_id + _VOCODER_KEY, "cpu")
 
 
 def _write_audio(outcome: AudioOutcome, settings: dict, options: AudioOptions) -> AudioOutcome:
@@ -271,7 +273,7 @@ def _run_audio_batched(synth: Synthesizer, vocalizer: Vocalizer, items: list[Spe
 def _render_done(vocalizer: Vocalizer, items: list[SpeechItem], done: list[tuple[_Row, SynthesisResult]],
                  options: AudioOptions, order: InOrder[AudioOutcome]) -> None:
     """Render and write the rows the LLM finished, settling each outcome as its file is written."""
-    jobs = [(res.tokens, row.voice.flow, _vocoder_generator(options, row.request)) for row, res in done]
+    jobs = [(res.tokens, row.voice.flow, vocoder_generator(options.seed, row.request.id)) for row, res in done]
     for j, audio in vocalizer.render_rows(jobs, options.sample_rate):
         row, res = done[j]
         where = items[row.k].where

@@ -256,7 +256,7 @@ def run_items(synth: Synthesizer, items: list[SpeechItem], resume: Resume, targe
 
 
 def settled_item(it: SpeechItem, resume: Resume, target: Target, outcome: Callable[..., O]
-             ) -> tuple[O | None, Path | None, dict]:
+                 ) -> tuple[O | None, Path | None, dict]:
     """``(outcome, None, {})`` of an item that needs no synthesis (a bad line, or its output is kept), else
     ``(None, output path, settings)``; an existing output redone is told to ``resume.on_redo``."""
     if it.request is None:

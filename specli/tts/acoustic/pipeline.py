@@ -14,8 +14,8 @@ from __future__ import annotations
 import io
 import os
 import time
-from dataclasses import dataclass, replace
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -190,7 +190,11 @@ class Vocalizer:
                sample_rate: int | None = None) -> RenderedAudio:
         """Audio of the LLM's ``tokens`` in ``prompt``'s voice at ``sample_rate`` (None: the vocoder's own);
         :class:`RenderError` when it cannot be."""
-        kept = self._flow_input(tokens, prompt)
+        return self._render_kept(self._flow_input(tokens, prompt), prompt, generator, sample_rate)
+
+    def _render_kept(self, kept: list[int], prompt: VoicePrompt, generator: torch.Generator,
+                     sample_rate: int | None) -> RenderedAudio:
+        """:meth:`render` of tokens already through :meth:`_flow_input`."""
         t0 = time.perf_counter()
         mel = self.mel(kept, prompt)
         _sync(self.device)
@@ -213,7 +217,7 @@ class Vocalizer:
         together = self.device.type == "cuda" if flow_together is None else flow_together
         if not together:
             for i in kept:
-                yield i, self.render(rows[i][0], rows[i][1], rows[i][2], sample_rate)
+                yield i, self._render_kept(kept[i], rows[i][1], rows[i][2], sample_rate)
             return
         for i in kept:
             self._check_prompt(rows[i][1])

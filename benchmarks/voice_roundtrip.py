@@ -22,6 +22,7 @@ Writes ``report.json``, ``README.md`` and ``mel.png`` (piper's and specli's log-
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import subprocess
@@ -106,20 +107,22 @@ def flow_from_tokens(voice: str, clips: list[tuple[str, str]], out: Path, tokens
     return seconds
 
 
-def speak(voice: str, clips: list[tuple[str, str]], out: Path, threads: int, seed: int) -> list[dict]:
-    """``specli synthesize`` of the sentences (one line each, ids = clip ids); its JSONL records."""
-    (out / "specli").mkdir(parents=True, exist_ok=True)
+def speak(voice: str, clips: list[tuple[str, str]], out: Path, threads: int, seed: int, name: str = "specli",
+          options: tuple[str, ...] = ()) -> list[dict]:
+    """``specli synthesize`` of the sentences (one line each, ids = clip ids) into ``out/name``, with the extra
+    command-line ``options``; its JSONL records."""
+    (out / name).mkdir(parents=True, exist_ok=True)
     lines = out / "sentences.txt"
     lines.write_text("".join(f"{text}\n" for _cid, text in clips), encoding="utf-8")
     cmd = [sys.executable, "-m", "specli", "synthesize", str(lines), "--model", voice, "--format", "wav",
-           "--threads", str(threads), "--seed", str(seed), "-o", str(out / "specli"), "--jsonl", "-",
-           "--no-progress", "--overwrite"]
+           "--threads", str(threads), "--seed", str(seed), "-o", str(out / name), "--jsonl", "-",
+           "--no-progress", "--overwrite", *options]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise SystemExit(f"specli synthesize failed ({res.returncode}): {res.stderr[-2000:]}")
     records = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     for (cid, _text), i in zip(clips, range(1, len(clips) + 1)):
-        (out / "specli" / f"sentences_{i:05d}.wav").rename(out / "specli" / f"{cid}.wav")
+        (out / name / f"sentences_{i:05d}.wav").rename(out / name / f"{cid}.wav")
     return records
 
 
@@ -188,8 +191,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-copy", action="store_true", help="only piper and specli (no vocoder copies)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
+                    help="another specli system with these synthesize options, e.g. 'greedy=--sampler greedy'")
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks/voice"))
     args = ap.parse_args()
+    variants = dict(v.split("=", 1) for v in args.variant)
+    if importlib.util.find_spec("matplotlib") is None:  # before minutes of synthesis, not after
+        raise SystemExit("voice_roundtrip.py draws mel.png with matplotlib: pip install 'specli[plots]'")
     clips = heldout(args.corpus, args.sentences)
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
@@ -205,7 +213,10 @@ def main() -> None:
         extra["flow_seconds"] = flow_from_tokens(args.voice, clips, work, args.tokens, args.seed)
         records = speak(args.voice, clips, work, args.threads, args.seed)
         extra["rtf"] = stage_rtf(records)
-        names = ["piper", "flow", "specli"] + ([] if args.skip_copy else ["hifigan-copy", "griffin-lim"])
+        for name, options in variants.items():
+            speak(args.voice, clips, work, args.threads, args.seed, name, tuple(options.split()))
+        extra["variants"] = variants
+        names = ["piper", "flow", "specli", *variants] + ([] if args.skip_copy else ["hifigan-copy", "griffin-lim"])
         texts = {name: heard(work / name, args.threads) for name in names}
         mel_picture(piper / f"{clips[0][0]}.wav", work / "specli" / f"{clips[0][0]}.wav", clips[0][1],
                     args.out / "mel.png")

@@ -56,13 +56,23 @@ class LMShape:
 class VoiceLM(nn.Module):
     """``CosyVoice3LM``'s trainable parts with upstream's module names (so ``state_dict`` keys are ``llm.pt``'s)."""
 
-    def __init__(self, qcfg: Qwen2Config, speech_rows: int) -> None:
+    def __init__(self, qcfg: Qwen2Config, speech_rows: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.llm = nn.Module()
         self.llm.model = Qwen2ForCausalLM(qcfg)  # keys llm.model.model.*, llm.model.lm_head.weight
         self.speech_embedding = nn.Embedding(speech_rows, qcfg.hidden_size)
         self.llm_decoder = nn.Linear(qcfg.hidden_size, speech_rows, bias=False)
         self.speech_rows = speech_rows
+        self.dropout = nn.Dropout(dropout)  # on the input embeddings and each residual branch (training only)
+        for layer in self.llm.model.model.layers:
+            layer.self_attn.register_forward_hook(self._drop_branch)
+            layer.mlp.register_forward_hook(self._drop_branch)
+
+    def _drop_branch(self, _module: nn.Module, _args: tuple, output):  # noqa: ANN001, ANN202 - a forward hook
+        """Dropout on an attention / MLP output before its residual add (Qwen2 itself has none)."""
+        if isinstance(output, tuple):
+            return (self.dropout(output[0]), *output[1:])
+        return self.dropout(output)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:  # [B, T] input-layout ids -> [B, T, H]
         speech = ids < self.speech_rows
@@ -70,7 +80,7 @@ class VoiceLM(nn.Module):
         return torch.where(speech[..., None], self.speech_embedding(torch.where(speech, ids, 0)), text)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # -> [B, T, speech_rows] logits
-        hidden = self.llm.model.model(inputs_embeds=self.embed(ids), attention_mask=mask).last_hidden_state
+        hidden = self.llm.model.model(inputs_embeds=self.dropout(self.embed(ids)), attention_mask=mask).last_hidden_state
         return self.llm_decoder(hidden)
 
 
@@ -129,6 +139,18 @@ def collate(seqs: list[tuple[list[int], int]], idx: list[int]) -> tuple[torch.Te
     return ids, mask, target
 
 
+def corrupt(batch: tuple[torch.Tensor, ...], rate: float, codebook: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Replace a ``rate`` share of the *input* speech tokens by random codes (targets kept): the LM learns to
+    continue after a wrong token, as it must after its own sampled ones (exposure bias)."""
+    ids, mask, target = batch
+    if rate <= 0:
+        return batch
+    speech = ids < codebook  # [B, T] speech-token inputs (text ids sit past the speech rows; padding is id 0 with mask 0)
+    hit = (torch.rand(ids.shape, generator=gen) < rate) & speech & mask.bool()
+    noise = torch.randint(0, codebook, ids.shape, generator=gen)
+    return torch.where(hit, noise, ids), mask, target
+
+
 def loss_of(model: VoiceLM, batch: tuple[torch.Tensor, ...], bf16: bool) -> torch.Tensor:
     ids, mask, target = batch
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -160,7 +182,7 @@ def train(args: argparse.Namespace) -> None:
     train_seqs, val_seqs = build_sequences("train", args.blank, spec), build_sequences("heldout", args.blank, spec)
     text_vocab = len(CosyVoiceTokenizer(args.blank, "cosyvoice3"))
     shape = LMShape(**json.loads(args.shape)) if args.shape else LMShape()
-    model = VoiceLM(qwen_config(shape, -(-text_vocab // 64) * 64), spec.speech_rows)
+    model = VoiceLM(qwen_config(shape, -(-text_vocab // 64) * 64), spec.speech_rows, args.dropout)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     state = latest(args.run)
     step, best = 0, float("inf")
@@ -176,12 +198,13 @@ def train(args: argparse.Namespace) -> None:
     log(f"LM {shape} ({n_params / 1e6:.1f}M params), {len(train_seqs)} train / {len(val_seqs)} held-out sequences, "
         f"resuming at step {step}, bf16 {bf16}")
     rng = random.Random(args.seed + step)
+    noise_gen = torch.Generator().manual_seed(args.seed + step)
     t0, seen = time.perf_counter(), 0
     while step < args.steps:
         for idx in batches(train_seqs, args.batch_tokens, rng):
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
-            loss = loss_of(model, collate(train_seqs, idx), bf16)
+            loss = loss_of(model, corrupt(collate(train_seqs, idx), args.token_noise, args.codebook, noise_gen), bf16)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -220,6 +243,9 @@ def main() -> None:
     ap.add_argument("--val-every", type=int, default=500)
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout on embeddings and residual branches")
+    ap.add_argument("--token-noise", type=float, default=0.0,
+                    help="share of input speech tokens replaced by random codes (targets kept)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     train(ap.parse_args())
 

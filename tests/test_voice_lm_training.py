@@ -1,0 +1,59 @@
+"""scripts/voice/train_lm.py: the regularisers of the voice LM's training (dropout, input-token noise) leave the
+saved model and its inference untouched; cheap offline checks on a tiny Qwen2, no corpus needed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "voice"))
+
+pytest.importorskip("transformers")
+import train_lm as T  # noqa: E402
+
+CODEBOOK, ROWS = 20, 20 + T.EXTRA_ROWS
+
+
+def _model(dropout: float) -> T.VoiceLM:
+    shape = T.LMShape(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64, max_positions=128)
+    torch.manual_seed(0)
+    return T.VoiceLM(T.qwen_config(shape, 64), ROWS, dropout)
+
+
+def _batch() -> tuple[torch.Tensor, ...]:
+    # two sequences: 4 text ids (past the speech rows), then speech tokens + eos (id CODEBOOK + 1); one padded
+    seqs = [([ROWS + 3, ROWS + 9, ROWS + 1, CODEBOOK + 2, 5, 7, 7, 1, 19, CODEBOOK + 1], 4),
+            ([ROWS + 5, ROWS + 2, CODEBOOK + 2, 3, 3, 11, CODEBOOK + 1], 3)]
+    return T.collate(seqs, [0, 1])
+
+
+def test_dropout_adds_no_weights_and_is_off_in_eval() -> None:
+    plain, dropped = _model(0.0), _model(0.3)
+    assert plain.state_dict().keys() == dropped.state_dict().keys()  # llm.pt keeps the official keys
+    dropped.load_state_dict(plain.state_dict())
+    ids, mask, _ = _batch()
+    plain.eval(), dropped.eval()
+    with torch.no_grad():
+        assert torch.equal(plain(ids, mask), dropped(ids, mask))
+        dropped.train()
+        assert not torch.equal(plain(ids, mask), dropped(ids, mask))  # the hooks do drop in training
+
+
+def test_token_noise_replaces_only_speech_inputs() -> None:
+    batch = _batch()
+    ids, mask, target = batch
+    assert T.corrupt(batch, 0.0, CODEBOOK, torch.Generator()) is batch
+    noisy, mask2, target2 = T.corrupt(batch, 1.0, CODEBOOK, torch.Generator().manual_seed(0))
+    assert torch.equal(mask2, mask) and torch.equal(target2, target)  # targets are never touched
+    speech = (ids < CODEBOOK) & mask.bool()
+    assert torch.equal(noisy[~speech], ids[~speech])  # text, sos/task/eos and padding kept
+    assert (noisy[speech] < CODEBOOK).all() and not torch.equal(noisy[speech], ids[speech])
+    share = []
+    for seed in range(200):
+        n, _, _ = T.corrupt(batch, 0.25, CODEBOOK, torch.Generator().manual_seed(seed))
+        share.append(float((n != ids)[speech].float().mean()))
+    # a replaced token may draw its own id back (1 / 20): the changed share is 0.25 * 19/20 = 0.2375
+    assert abs(sum(share) / len(share) - 0.2375) < 0.03

@@ -39,7 +39,11 @@ def test_dropout_adds_no_weights_and_is_off_in_eval() -> None:
     with torch.no_grad():
         assert torch.equal(plain(ids, mask), dropped(ids, mask))
         dropped.train()
-        assert not torch.equal(plain(ids, mask), dropped(ids, mask))  # the hooks do drop in training
+        assert not torch.equal(plain(ids, mask), dropped(ids, mask))
+        # the residual branches themselves: each attention and MLP output is dropped through its forward hook
+        layer, x = dropped.llm.model.model.layers[0], torch.randn(1, 50, 32)
+        assert len(layer.self_attn._forward_hooks) == len(layer.mlp._forward_hooks) == 1
+        assert (layer.mlp(x) == 0).float().mean() > 0.1  # p = 0.3; an MLP output is never exactly 0 otherwise
 
 
 def test_token_noise_replaces_only_speech_inputs() -> None:

@@ -80,7 +80,8 @@ class VoiceLM(nn.Module):
         return torch.where(speech[..., None], self.speech_embedding(torch.where(speech, ids, 0)), text)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # -> [B, T, speech_rows] logits
-        hidden = self.llm.model.model(inputs_embeds=self.dropout(self.embed(ids)), attention_mask=mask).last_hidden_state
+        embeds = self.dropout(self.embed(ids))
+        hidden = self.llm.model.model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
         return self.llm_decoder(hidden)
 
 
@@ -139,13 +140,15 @@ def collate(seqs: list[tuple[list[int], int]], idx: list[int]) -> tuple[torch.Te
     return ids, mask, target
 
 
-def corrupt(batch: tuple[torch.Tensor, ...], rate: float, codebook: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+def corrupt(batch: tuple[torch.Tensor, ...], rate: float, codebook: int,
+            gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     """Replace a ``rate`` share of the *input* speech tokens by random codes (targets kept): the LM learns to
     continue after a wrong token, as it must after its own sampled ones (exposure bias)."""
     ids, mask, target = batch
     if rate <= 0:
         return batch
-    speech = ids < codebook  # [B, T] speech-token inputs (text ids sit past the speech rows; padding is id 0 with mask 0)
+    # [B, T] speech-token inputs: text ids sit past the speech rows, sos/task/eos past the codebook, padding has mask 0
+    speech = ids < codebook
     hit = (torch.rand(ids.shape, generator=gen) < rate) & speech & mask.bool()
     noise = torch.randint(0, codebook, ids.shape, generator=gen)
     return torch.where(hit, noise, ids), mask, target

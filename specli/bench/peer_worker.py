@@ -51,6 +51,10 @@ CALL_TIMEOUT_PER_AUDIO_SECOND = 20.0
 STOP_TIMEOUT = 10.0
 #: Seconds a terminated worker may take to exit before it is killed.
 KILL_TIMEOUT = 2.0
+#: Seconds a request's send is always allowed, however short the call's limit: the limit is on the peer's answer;
+#: a send only blocks when the worker reads nothing (a message larger than the pipe's buffer), and a smaller
+#: limit made a send that merely waited for its helper thread to be scheduled read as a hung worker.
+SEND_TIMEOUT_FLOOR = 1.0
 
 
 @dataclass(frozen=True)
@@ -169,8 +173,9 @@ class PeerWorker:
         return got if isinstance(got, PeerAnswer) else self._lost(f"answered {type(got).__name__}")
 
     def _send(self, message: ClipAudio | TranscribeClip | TranscribeFiles, timeout: float) -> PeerAnswer | None:
-        """None once sent; else the worker is stopped and this is the ``gone`` answer."""
-        why = self._put(message, timeout)
+        """None once sent (within ``timeout`` s, at least :data:`SEND_TIMEOUT_FLOOR`); else the worker is stopped
+        and this is the ``gone`` answer."""
+        why = self._put(message, max(timeout, SEND_TIMEOUT_FLOOR))
         return None if why is None else self._lost(why)
 
     def _put(self, message: ClipAudio | TranscribeClip | TranscribeFiles | None, timeout: float) -> str | None:

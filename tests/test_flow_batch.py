@@ -107,22 +107,25 @@ def test_shipped_voice_batch_three_writes_the_bytes_of_batch_one(tmp_path: Path)
     lines.write_text(LINES)
     runs = {}
     for batch in (1, 3):
-        res = _synth(VOICE, tmp_path / f"b{batch}", batch, "wav", ["--sampler", "ras", str(lines)])
+        res = _synth(VOICE, tmp_path / f"b{batch}", batch, "wav", ["--sampler", "ras", "--audio-dtype", "float32",
+                                                                   str(lines)])
         assert res.exit_code == 1 and f"{lines}:3: empty line" in res.stderr  # a bad line; the batch goes on
         runs[batch] = _files(tmp_path / f"b{batch}")
     assert len(runs[1]) == 5 and runs[3] == runs[1]
-    again = _synth(VOICE, tmp_path / "b3", 3, "wav", ["--sampler", "ras", str(lines)])  # a rerun resumes
+    again = _synth(VOICE, tmp_path / "b3", 3, "wav", ["--sampler", "ras", "--audio-dtype", "float32", str(lines)])
     assert "5 skipped" in again.stderr and _files(tmp_path / "b3") == runs[1]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("kind", ["cosyvoice3", "cosyvoice2"])
-def test_tiny_checkpoints_batch_two_and_three_write_the_bytes_of_one(tmp_path: Path, kind: str) -> None:
+def test_tiny_checkpoints_batch_two_and_three_write_the_bytes_of_one(tmp_path: Path, kind: str, dtype: str) -> None:
     model = write_audio_checkpoint(tmp_path / "ckpt", kind=kind)
     lines = tmp_path / "lines.txt"
     lines.write_text("hello there\nok\nthree words here\na b c d\n")
     runs = {}
     for batch in (1, 2, 3):
-        res = _synth(model, tmp_path / f"b{batch}", batch, "flac", ["--sampler", "ras", str(lines)])
+        res = _synth(model, tmp_path / f"b{batch}", batch, "flac",
+                     ["--sampler", "ras", "--audio-dtype", dtype, str(lines)])
         assert res.exit_code == 0, res.stderr
         runs[batch] = _files(tmp_path / f"b{batch}")
     assert len(runs[1]) == 4 and runs[2] == runs[1] and runs[3] == runs[1]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specli.bench.report import Run, SystemInfo, acceptance_stats, aggregate, speedups
-from specli.tts.acoustic.pipeline import RenderError, Vocalizer, VoicePrompt
+from specli.tts.acoustic.pipeline import AUDIO_DTYPES, AudioDtype, RenderError, Vocalizer, VoicePrompt, audio_dtype
 from specli.tts.audio_out import vocoder_generator
 from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, Synthesizer, build_synthesizer
 from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
@@ -40,10 +40,13 @@ class SynthesisBenchOptions:
     seed: int = 0  # run seed (each utterance's generator from (seed, id))
     model: str | None = None  # override every preset's model (a checkpoint directory)
     audio: bool = False  # also render each utterance to audio: per-stage real-time factors, end-to-end speedup
+    audio_dtype: AudioDtype = "auto"  # the flow's and vocoder's compute dtype (pipeline.audio_dtype)
 
     def __post_init__(self) -> None:
         if not self.presets or self.repeat < 1:
             raise ValueError("give at least one preset and repeat >= 1")
+        if self.audio_dtype not in AUDIO_DTYPES:
+            raise ValueError(f"audio dtype must be one of {', '.join(AUDIO_DTYPES)}")
 
 
 def _systems(opts: SynthesisBenchOptions) -> tuple[list[SynthesisPreset], str]:
@@ -72,8 +75,9 @@ def run_synthesis_bench(inputs: Sequence[str], opts: SynthesisBenchOptions,
         key = (opts.model or p.model, p.dtype)
         if key not in models:
             models[key] = load_cosyvoice(*key)
-    vocalizers = {key: Vocalizer.from_dir(m.path, m.spec.kind, m.lm.qwen.device) for key, m in models.items()
-                  } if opts.audio else {}
+    vocalizers = {key: Vocalizer.from_dir(m.path, m.spec.kind, m.lm.qwen.device,
+                                          dtype=audio_dtype(opts.audio_dtype, m.lm.qwen.device))
+                  for key, m in models.items()} if opts.audio else {}
     runs: list[Run] = []
     for rep in range(-1 if opts.warmup else 0, opts.repeat):
         synths = [(p, (opts.model or p.model, p.dtype)) for p in presets]
@@ -83,7 +87,10 @@ def run_synthesis_bench(inputs: Sequence[str], opts: SynthesisBenchOptions,
                 run = _measure(p, synth, vocalizers.get(key), req, rep, opts.seed, progress)
                 if run is not None and rep >= 0:
                     runs.append(run)
-    return build_synthesis_report(presets, baseline, runs)
+    report = build_synthesis_report(presets, baseline, runs)
+    if vocalizers:  # the stages' compute dtype (one per model: the same rule for every model)
+        report["audio_dtype"] = sorted({str(v.dtype).removeprefix("torch.") for v in vocalizers.values()})
+    return report
 
 
 def _measure(p: SynthesisPreset, synth: Synthesizer, vocalizer: Vocalizer | None, req: SynthesisRequest,

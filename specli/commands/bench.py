@@ -17,6 +17,7 @@ from specli.bench.synthesis import SynthesisBenchOptions, run_synthesis_bench, s
 from specli.bench.throughput import parse_batch_sizes, run_throughput, write_throughput_report
 from specli.commands.interrupt import report_interrupt
 from specli.presets import preset_task
+from specli.tts.acoustic.pipeline import AUDIO_DTYPES
 
 RUNS_NAME = "runs.jsonl"
 
@@ -88,8 +89,12 @@ def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--audio/--no-audio", default=False, show_default=True,
               help="Synthesis presets: also render every utterance to audio (flow + vocoder): real-time factor "
               "of each stage, LLM-stage and end-to-end (text to audio) speedups.")
+@click.option("--audio-dtype", type=click.Choice(AUDIO_DTYPES), default="auto", show_default=True,
+              help="With --audio: the flow's and vocoder's compute dtype (auto: bfloat16 on CPUs with native bf16, "
+              "else float32).")
 def bench(inputs, presets, baseline, peers, peer_timeout, references, repeat, warmup, threads, language, task,
-          timestamps, bins, plots, out, quiet, from_runs, device, dtype, batch_sizes, model, audio) -> None:
+          timestamps, bins, plots, out, quiet, from_runs, device, dtype, batch_sizes, model, audio,
+          audio_dtype) -> None:
     """Speedup report of presets (and peers) against a baseline on the same inputs, interleaved.
 
     Every measured run is written to OUT/runs.jsonl as it finishes, before the report is built."""
@@ -107,10 +112,11 @@ def bench(inputs, presets, baseline, peers, peer_timeout, references, repeat, wa
         if batch_sizes:
             raise click.UsageError("--batch-sizes measures transcription presets, not synthesis presets")
         with report_interrupt(lambda: "no report written (the runs measured so far are the lines above)"):
-            _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out, quiet, model, audio)
+            _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out, quiet, model, audio,
+                             audio_dtype)
         return
-    if model or audio:
-        raise click.UsageError("--model and --audio are for synthesis presets")
+    if model or audio or audio_dtype != "auto":
+        raise click.UsageError("--model, --audio and --audio-dtype are for synthesis presets")
     for p in peers:
         try:
             parse_peer(p)
@@ -171,13 +177,14 @@ def _synthesis_presets(presets: tuple[str, ...]) -> bool:
 
 
 def _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out: Path, quiet: bool, model: str | None,
-                     audio: bool) -> None:
+                     audio: bool, audio_dtype: str = "auto") -> None:
     """Synthesis presets: INPUTS are text files / JSONL manifests (see specli.bench.synthesis)."""
     import torch
 
     if threads:
         torch.set_num_threads(threads)
-    opts = SynthesisBenchOptions(tuple(presets), baseline, repeat, warmup, model=model, audio=audio)
+    opts = SynthesisBenchOptions(tuple(presets), baseline, repeat, warmup, model=model, audio=audio,
+                                 audio_dtype=audio_dtype)
     try:
         report = run_synthesis_bench(inputs, opts, None if quiet else (lambda line: click.echo(line, err=True)))
     except ValueError as exc:

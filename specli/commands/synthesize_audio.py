@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from specli.tts.acoustic.pipeline import Vocalizer
+from specli.tts.acoustic.pipeline import Vocalizer, audio_dtype
 from specli.tts.synthesis import Synthesizer
 from specli.tts.audio_out import AudioOptions, AudioOutcome, prepare_voice, run_audio_synthesis
 from specli.tts.pipeline import Resume, SpeechItem, SpeechOutcome
@@ -64,7 +64,9 @@ def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, opt
     """Load flow + HiFT, prepare the voice (before any output), then render every item into ``tally`` (the
     caller ends it with ``tally.finish()``: exit 1 on failures)."""
     model = synth.model
-    vocalizer = Vocalizer.from_dir(model.path, model.spec.kind, model.lm.qwen.device, options.flow_steps)
+    device = model.lm.qwen.device
+    vocalizer = Vocalizer.from_dir(model.path, model.spec.kind, device, options.flow_steps,
+                                   audio_dtype(options.dtype, device))
     voice = prepare_voice(vocalizer, prompt_wav, prompt_text, speaker)
 
     def report(out: AudioOutcome) -> None:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from specli.tts.acoustic.pipeline import AudioFormat, RenderedAudio, RenderError, VoicePrompt, Vocalizer, encode_audio
+from specli.tts.acoustic.pipeline import (AUDIO_DTYPES, AudioDtype, AudioFormat, RenderedAudio, RenderError,
+                                         VoicePrompt, Vocalizer, encode_audio)
 from specli.core.sampling import request_generator
 from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, SynthesisResult, Synthesizer
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT
@@ -46,6 +47,7 @@ class AudioOptions:
     sample_rate: int | None = None  # output rate; None: the vocoder's own; any other is resampled with soxr
     seed: int = 0  # run seed; each utterance's vocoder noise comes from (seed, id)
     flow_steps: int | None = None  # the flow's Euler steps; None: the model's (10); fewer are faster and rougher
+    dtype: AudioDtype = "auto"  # flow + vocoder compute dtype (pipeline.audio_dtype: auto = bf16 on native-bf16 CPUs)
 
     def __post_init__(self) -> None:
         if self.format not in ("wav", "flac"):
@@ -54,6 +56,8 @@ class AudioOptions:
             raise ValueError("sample_rate must be within 8000..192000 Hz")
         if self.flow_steps is not None and not 1 <= self.flow_steps <= 100:
             raise ValueError("flow_steps must be within 1..100")
+        if self.dtype not in AUDIO_DTYPES:
+            raise ValueError(f"unknown audio dtype {self.dtype!r} ({', '.join(AUDIO_DTYPES)})")
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ def audio_settings(vocalizer: Vocalizer, options: AudioOptions) -> dict:
                 "vocoder": content_fingerprint(vocoder) if vocoder else "unknown"}
     if options.flow_steps is not None:  # recorded only when asked: outputs made before the option stay kept
         settings["flow_steps"] = options.flow_steps
+    if vocalizer.dtype != torch.float32:  # as flow_steps: float32 outputs made before the option stay kept
+        settings["dtype"] = str(vocalizer.dtype).removeprefix("torch.")
     return settings
 
 

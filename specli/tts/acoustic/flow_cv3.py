@@ -21,7 +21,9 @@ position-wise layers (every linear, norm and activation, whose rows do not depen
 what mixes frames or reads the time embedding (attention, the conv position embedding, the adaLN
 modulations) runs per utterance over its own frames, the very calls a batch of one makes: an utterance's mel
 is then the same bits at any batch size (GEMMs of 12 rows or more give each row the same bits whatever the
-row count on these CPUs; tests/test_flow_batch.py checks it).
+row count on these CPUs; fewer rows may take another kernel, measured on a Xeon with AMX, so an utterance
+whose own GEMMs would have fewer than :data:`SHARED_MIN_ROWS` rows is solved alone; tests/test_flow_batch.py
+checks it).
 
 Attention is full (upstream's offline ``tts``) or, with ``streaming=True``, chunk-causal over
 ``static_chunk_size`` (50) frames as upstream's streaming mode; with ``finalize=False`` the last 3 tokens
@@ -45,6 +47,10 @@ from specli.tts.acoustic.cfm import CFMSettings, attention_mask, solve_cfm, time
 __all__ = ["DiTConfig", "FlowCV3", "FlowCV3Config", "PreLookahead", "Spans", "TokenFlow"]
 
 Spans = tuple[tuple[int, int, int], ...]  # (first row, end row, frames) of each utterance in a padded batch
+#: An utterance shares a padded batch's position-wise GEMMs only when its own (CFG rows x frames) have at least
+#: this many rows: below 12 rows oneDNN / MKL may pick a small-M kernel that rounds otherwise (a 1-token utterance,
+#: 2 x 4 rows, differed by 3e-6 on a Sapphire Rapids Xeon).
+SHARED_MIN_ROWS = 16
 
 
 def spans_of(segments: Sequence[tuple[int, int]]) -> Spans:
@@ -402,10 +408,20 @@ class TokenFlow(nn.Module):
                        ) -> list[torch.Tensor]:
         """:meth:`inference` (offline) of several utterances ``(tokens, prompt_tokens, prompt_mel, embedding)``
         together: one padded CFM solve when the estimator takes row segments (the DiT; each mel the same bits
-        as alone), else one after another."""
+        as alone), else one after another; an utterance too short to share GEMMs (:data:`SHARED_MIN_ROWS`) alone."""
         if not getattr(self.decoder.estimator, "row_segments", False) or len(rows) == 1:
             return [self.inference(*row) for row in rows]
+        per = 2 if self.cfg.cfm.inference_cfg_rate > 0 else 1  # estimator rows an utterance (CFG: 2)
         conds = [self._conditions(*row, streaming=False, finalize=True) for row in rows]
+        shared = [i for i, c in enumerate(conds) if per * c[0].shape[2] >= SHARED_MIN_ROWS]
+        out = {i: self.inference(*row) for i, row in enumerate(rows) if len(shared) < 2 or i not in shared}
+        if len(shared) >= 2:
+            out.update(zip(shared, self._solve_padded([conds[i] for i in shared])))
+        return [out[i] for i in range(len(rows))]
+
+    def _solve_padded(self, conds: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]
+                      ) -> list[torch.Tensor]:
+        """One padded CFM solve of several utterances' :meth:`_conditions` (row segments); each mel after its prompt."""
         lengths = [mu.shape[2] for mu, _, _, _ in conds]
         width = max(lengths)
 

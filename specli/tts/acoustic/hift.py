@@ -308,12 +308,13 @@ class HiFT(nn.Module):
 
     def _stft(self, source: torch.Tensor) -> torch.Tensor:  # [B, 1, L] -> [B, n_fft + 2, L / hop + 1]
         cfg = self.cfg
-        spec = torch.stft(source[:, 0], cfg.n_fft, cfg.hop_len, cfg.n_fft, window=self.stft_window,
+        spec = torch.stft(source[:, 0].float(), cfg.n_fft, cfg.hop_len, cfg.n_fft, window=self.stft_window,
                           return_complex=True)
         return torch.cat([spec.real, spec.imag], dim=1)
 
     def _istft(self, x: torch.Tensor) -> torch.Tensor:  # [B, n_fft + 2, F] -> [B, (F - 1) * hop]
         cfg, bins = self.cfg, self.cfg.n_fft // 2 + 1
+        x = x.float()  # under bf16 autocast the convolutions' output: the spectrum is built in float32
         magnitude = torch.clamp(torch.exp(x[:, :bins]), max=1e2)
         phase = torch.sin(x[:, bins:])  # upstream's (redundant) sin
         spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
@@ -358,8 +359,9 @@ class HiFT(nn.Module):
         weight = self.conv_pre.weight
         mel = mel.to(device=weight.device, dtype=weight.dtype)
         f0_dtype = self.f0_predictor.classifier.weight.dtype  # float64 in CV3 (upstream: precision matters)
-        f0 = self.f0_predictor(mel.to(f0_dtype), finalize=finalize).to(weight.dtype)  # [B, T']
-        source = self.m_source(f0, generator)
+        with torch.autocast(mel.device.type, enabled=False):  # bf16 autocast: the f0 and the source stay exact
+            f0 = self.f0_predictor(mel.to(f0_dtype), finalize=finalize).to(weight.dtype)  # [B, T']
+            source = self.m_source(f0, generator)
         return self._decode(mel[:, :, : f0.shape[1]], source, finalize)
 
 

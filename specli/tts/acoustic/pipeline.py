@@ -11,6 +11,7 @@ another rate is asked for. Stage times are measured for the real-time factors.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import time
@@ -24,6 +25,7 @@ import soundfile as sf
 import soxr
 import torch
 
+from specli.core.device import cpu_native_bf16
 from specli.tts.acoustic.cfm import NOISE_FRAMES, drop_silent_runs
 from specli.tts.acoustic.flow import flow_config, flow_path, load_flow
 from specli.tts.acoustic.frontend import Frontend, PromptInputs, StoredSpeaker
@@ -36,10 +38,12 @@ from specli.models.cosyvoice.yaml import read_hyperpyyaml
 from specli.errors import ModelLoadError, SpecliError
 from specli.io.atomic import write_atomic_with
 
-__all__ = ["AudioFormat", "RenderError", "RenderedAudio", "VoicePrompt", "Vocalizer", "encode_audio",
-           "write_audio_atomic"]
+__all__ = ["AUDIO_DTYPES", "AudioDtype", "AudioFormat", "RenderError", "RenderedAudio", "VoicePrompt", "Vocalizer",
+           "audio_dtype", "encode_audio", "write_audio_atomic"]
 
 AudioFormat = Literal["wav", "flac"]
+AudioDtype = Literal["auto", "float32", "bfloat16"]
+AUDIO_DTYPES: tuple[AudioDtype, ...] = ("auto", "float32", "bfloat16")
 NATIVE_RATE = 24000  # CosyVoice2/3 output rate (a model's vocoder says its own: Vocalizer.vocoder.sample_rate)
 
 
@@ -98,6 +102,19 @@ class RenderedAudio:
         return self.audio.shape[0] / self.sample_rate
 
 
+def audio_dtype(name: AudioDtype, device: torch.device | str, native_bf16: bool | None = None) -> torch.dtype:
+    """The compute dtype of the flow and vocoder stages. ``auto``: bfloat16 on a CPU that computes it natively
+    (``native_bf16``; None = this machine's, :func:`~specli.core.device.cpu_native_bf16`: AMX or AVX-512 BF16,
+    where it measured 2-4x faster: docs/benchmarks/synthesis-bf16/), else float32 (CUDA included: padded batches
+    of rows are checked byte for byte in float32 only)."""
+    if name not in AUDIO_DTYPES:
+        raise ValueError(f"audio dtype must be one of {', '.join(AUDIO_DTYPES)}, not {name!r}")
+    if name != "auto":
+        return torch.bfloat16 if name == "bfloat16" else torch.float32
+    native = cpu_native_bf16() if native_bf16 is None else native_bf16
+    return torch.bfloat16 if torch.device(device).type == "cpu" and native else torch.float32
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -116,18 +133,23 @@ class Vocalizer:
     """Flow + vocoder (+ the prompt frontend on demand) of one CosyVoice model directory."""
 
     def __init__(self, kind: ModelKind, flow: torch.nn.Module, vocoder: Vocoder, model_dir: Path | None = None,
-                 device: torch.device | str = "cpu", spec: AcousticSpec = AcousticSpec()) -> None:
+                 device: torch.device | str = "cpu", spec: AcousticSpec = AcousticSpec(),
+                 dtype: torch.dtype = torch.float32) -> None:
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"the flow and vocoder compute in float32 or bfloat16, not {dtype}")
         self.kind, self.flow, self.vocoder = kind, flow, vocoder
         self.model_dir = model_dir
         self.device = torch.device(device)
         self.spec = spec  # mel, frames per token, silent tokens, vocoder kind (from the yaml)
+        self.dtype = dtype  # compute dtype: bfloat16 = matmuls and convolutions under autocast, weights float32
         self._frontend: Frontend | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike[str], kind: ModelKind, device: torch.device | str = "cpu",
-                 flow_steps: int | None = None) -> Vocalizer:
+                 flow_steps: int | None = None, dtype: torch.dtype = torch.float32) -> Vocalizer:
         """Load ``flow.pt`` and the vocoder of ``model_dir``, configured by its ``cosyvoice{2,3}.yaml``;
-        ``flow_steps``: Euler steps of the flow instead of the yaml's (10 upstream): fewer are faster and rougher."""
+        ``flow_steps``: Euler steps of the flow instead of the yaml's (10 upstream): fewer are faster and rougher;
+        ``dtype``: the stages' compute dtype (:func:`audio_dtype`)."""
         root = Path(model_dir)
         yaml_path = root / f"{kind}.yaml"
         cfg: dict = {}
@@ -145,7 +167,7 @@ class Vocalizer:
                                  f"frames a token; the model says {spec.mel.n_mels} bins, {spec.token_mel_ratio}")
         flow = load_flow(flow_path(root), fcfg, device)
         vocoder = _load_vocoder(root, cfg, kind, spec, yaml_path, device)
-        return cls(kind, flow, vocoder, root, device, spec)
+        return cls(kind, flow, vocoder, root, device, spec, dtype)
 
     @property
     def vocoder_file(self) -> Path | None:
@@ -170,11 +192,19 @@ class Vocalizer:
             return [int(t) for t in tokens]
         return drop_silent_runs(tokens, self.spec.silent_tokens)
 
+    def compute(self) -> contextlib.AbstractContextManager:
+        """The stages' compute context: bf16 autocast when :attr:`dtype` is bfloat16 (the Euler state, norms,
+        softmax and the outputs stay float32), else nothing."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
     def mel(self, tokens: list[int], prompt: VoicePrompt) -> torch.Tensor:
-        """Mel ``[1, n_mels, ratio N]`` of ``N`` flow tokens after the prompt (offline: full attention)."""
+        """Mel ``[1, n_mels, ratio N]`` float32 of ``N`` flow tokens after the prompt (offline: full attention)."""
         self._check_prompt(prompt)
         ids = torch.tensor([tokens], dtype=torch.int64, device=self.device)
-        return self.flow.inference(ids, *self._prompt_tensors(prompt))
+        with self.compute():
+            return self.flow.inference(ids, *self._prompt_tensors(prompt)).float()
 
     def _check_prompt(self, prompt: VoicePrompt) -> None:
         ratio = prompt.frames_per_token()
@@ -206,15 +236,18 @@ class Vocalizer:
         """:meth:`render` of several utterances ``(tokens, prompt, generator)``, each the same samples as alone;
         ``(index, audio or why not)`` as each is vocoded. The flow runs the rows in one padded batch when
         ``flow_together`` (default: on CUDA; on CPU rows one after another, which measured faster:
-        docs/benchmarks/synthesis-batch/); the vocoder takes them one at a time, and a row's flow seconds are
-        its share of the batch by mel frames."""
+        docs/benchmarks/synthesis-batch/; in bfloat16 always one after another: padded rows are checked byte for
+        byte in float32 only); the vocoder takes them one at a time, and a row's flow seconds are its share of
+        the batch by mel frames."""
         kept: dict[int, list[int]] = {}
         for i, (tokens, prompt, _) in enumerate(rows):
             try:
                 kept[i] = self._flow_input(tokens, prompt)
             except RenderError as exc:
                 yield i, exc
-        together = self.device.type == "cuda" if flow_together is None else flow_together
+        together = flow_together
+        if together is None:
+            together = self.device.type == "cuda" and self.dtype == torch.float32
         if not together:
             for i in kept:
                 yield i, self._render_kept(kept[i], rows[i][1], rows[i][2], sample_rate)
@@ -222,8 +255,10 @@ class Vocalizer:
         for i in kept:
             self._check_prompt(rows[i][1])
         t0 = time.perf_counter()
-        mels = self.flow.inference_rows([(torch.tensor([kept[i]], dtype=torch.int64, device=self.device),
-                                          *self._prompt_tensors(rows[i][1])) for i in kept])
+        with self.compute():
+            mels = [m.float() for m in self.flow.inference_rows(
+                [(torch.tensor([kept[i]], dtype=torch.int64, device=self.device), *self._prompt_tensors(rows[i][1]))
+                 for i in kept])]
         _sync(self.device)
         flow_seconds = time.perf_counter() - t0
         frames = sum(m.shape[2] for m in mels)
@@ -246,7 +281,8 @@ class Vocalizer:
                  sample_rate: int | None) -> RenderedAudio:
         """Vocode ``mel [1, n_mels, T]`` (+ resample to ``sample_rate``) into a :class:`RenderedAudio`."""
         t1 = time.perf_counter()
-        audio = self.vocoder.vocode(mel, generator)[0].float().cpu().numpy()
+        with self.compute():
+            audio = self.vocoder.vocode(mel, generator)[0].float().cpu().numpy()
         rate = sample_rate or self.vocoder.sample_rate
         if rate != self.vocoder.sample_rate:
             audio = soxr.resample(audio, self.vocoder.sample_rate, rate, quality=RESAMPLE_QUALITY)

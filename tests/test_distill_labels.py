@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from conftest import EN_CLIPS
 from specli.cli import main
+from specli.core.device import CPUINFO, cpu_flags
 from specli.distill.data import load_windows, read_manifest
 
 PRESET = "whisper-tiny.en-ar"
@@ -153,10 +154,12 @@ def test_committed_labels_rebuild_from_regenerated_audio_and_stay_on_policy(tmp_
     files = [locate(e, [tmp_path / "audio"]) for e in entries[:2]]
     run("distill", "data", *files, "--preset", PRESET, "--out", tmp_path / "again", "--dtype", header["dtype"], "-q")
     again = {Path(k).name: v for k, v in _by_file(tmp_path / "again").items()}
-    # the labels were made in bf16 through oneDNN's native-bf16 kernels (AVX-512 BF16): a CPU without them runs
-    # bf16 through other kernels with other rounding, where a near-tie may move a timestamp pair (seen on an AVX2
-    # machine: the same words, one more segment boundary); there the words must still be the labelled ones
-    same_kernels = header["dtype"] != "bfloat16" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    # the labels were made in bf16 through oneDNN's AVX-512 BF16 kernels (a Zen 4): a CPU without native bf16, or
+    # one with AMX (whose tile kernels oneDNN prefers: another summation order), rounds otherwise, and a near-tie
+    # may move a timestamp pair (seen on an AVX2 machine: one more segment boundary; on a Sapphire Rapids Xeon: a
+    # timestamp one 20-ms step earlier); there the words must still be the labelled ones
+    amx = "amx_bf16" in cpu_flags(CPUINFO.read_text(encoding="utf-8", errors="replace"))
+    same_kernels = header["dtype"] != "bfloat16" or (bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) and not amx)
     for entry in entries[:2]:
         labelled = [w["tokens"] for w in entry["windows"]]
         assert [r["tokens"].tolist() for r in rebuilt[entry["audio"]]] == labelled

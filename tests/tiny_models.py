@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import transformers
 
@@ -33,17 +35,21 @@ def tiny_rules(timestamps: bool = False) -> WhisperLogitRules:
                              timestamps=timestamps, max_initial_timestamp_index=4)
 
 
-_ENCODED: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+# Encoder outputs per live target and seed. Keyed by the target object, not id(target): a collected target's id is
+# reused by the next one, which then got the dead target's encoding (test_beam compared greedy and beam search on
+# features that depended on which tests ran before it).
+_ENCODED: weakref.WeakKeyDictionary[WhisperTarget, dict[int, tuple[torch.Tensor, torch.Tensor]]] = (
+    weakref.WeakKeyDictionary())
 
 
 def window(target: WhisperTarget, seed: int) -> DecoderState:
     """A fresh decoder state over random features (encoder output cached per target and seed)."""
-    key = (id(target), seed)
-    if key not in _ENCODED:
+    cache = _ENCODED.setdefault(target, {})
+    if seed not in cache:
         g = torch.Generator().manual_seed(seed)
         mel = torch.randn(1, 80, 3000, generator=g)
-        _ENCODED[key] = (mel, target.encode(mel))
-    mel, enc = _ENCODED[key]
+        cache[seed] = (mel, target.encode(mel))
+    mel, enc = cache[seed]
     return target.start(enc, features=mel)
 
 

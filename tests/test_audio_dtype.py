@@ -84,14 +84,16 @@ def test_bf16_hift_keeps_its_source_and_spectra_in_float32(tmp_path: Path) -> No
     bf16 autocast (a bf16 STFT raised before), only the convolutions in bf16."""
     model = write_audio_checkpoint(tmp_path / "ckpt", boost=100)
     toks = list(range(100, 160))
-    out = {}
+    out, sources = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
         v = Vocalizer.from_dir(model, "cosyvoice3", dtype=dtype)
-        out[dtype] = v.render(toks, VoicePrompt.none(80), torch.Generator().manual_seed(0)).audio
-        mel = v.mel(toks, VoicePrompt.none(80))
+        mel = Vocalizer.from_dir(model, "cosyvoice3").mel(toks, VoicePrompt.none(80))  # the same mel for both
+        hook = v.vocoder.m_source.register_forward_hook(lambda _m, _i, o, d=dtype: sources.__setitem__(d, o))
         with v.compute():
-            f0 = v.vocoder.f0_predictor(mel.double())
-        assert f0.dtype == torch.float64  # the f0 predictor's float64 weights are not cast
+            out[dtype] = v.vocoder.vocode(mel, torch.Generator().manual_seed(0))[0].numpy()
+        hook.remove()
+    assert sources[torch.bfloat16].dtype == torch.float32
+    assert torch.equal(sources[torch.bfloat16], sources[torch.float32])  # f0 and source untouched by autocast
     diff = np.abs(out[torch.bfloat16] - out[torch.float32])
     assert out[torch.bfloat16].shape == out[torch.float32].shape and 0 < diff.max() < 0.05
     with pytest.raises(ValueError, match="float32 or bfloat16"):

@@ -166,7 +166,8 @@ def test_bench_synthesis_audio_stages_on_the_shipped_voice(tmp_path):
     texts.write_text("Hello there.\nGood night.\n")
     out = tmp_path / "bench"
     res = CliRunner().invoke(main, ["bench", str(texts), "--presets", "cosyvoice3-ar,cosyvoice3-pool", "--model",
-                                    str(voice), "--audio", "--repeat", "1", "--no-warmup", "-q", "--out", str(out)], catch_exceptions=False)
+                                    str(voice), "--audio", "--audio-dtype", "bfloat16", "--repeat", "1", "--no-warmup",
+                                    "-q", "--out", str(out)], catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
     report = json.loads((out / "report.json").read_text())
     by = {s["system"]: s for s in report["summaries"]}
@@ -177,7 +178,8 @@ def test_bench_synthesis_audio_stages_on_the_shipped_voice(tmp_path):
     assert by["cosyvoice3-ar"]["speedup_llm"] == 1.0
     for run in report["runs"]:
         assert run["wall_seconds"] == pytest.approx(sum(run["stages"].values()))
-    assert "LLM-stage speedup" in (out / "report.md").read_text()
+    assert report["audio_dtype"] == ["bfloat16"]
+    assert "LLM-stage speedup" in (out / "report.md").read_text() and "in bfloat16" in (out / "report.md").read_text()
     refused = CliRunner().invoke(main, ["bench", str(texts), "--presets", "whisper-base-ar", "--audio"])
     assert refused.exit_code == 2 and "synthesis presets" in refused.stderr
 

@@ -213,5 +213,6 @@ def write_synthesis_report(report: dict, out: Path) -> list[Path]:
             cells += [_x(s.get("speedup_llm")),
                       " / ".join(_x(r.get(k), "{:.3f}") for k in ("llm", "flow", "vocoder", "total"))]
         rows.append("| " + " | ".join(cells) + f" | {e['identical']}/{e['compared']} {e['kind']} |")
-    md.write_text("# specli bench: synthesis\n\n" + "\n".join(rows) + "\n")
+    note = f"Flow and vocoder in {', '.join(report['audio_dtype'])}.\n\n" if report.get("audio_dtype") else ""
+    md.write_text("# specli bench: synthesis\n\n" + note + "\n".join(rows) + "\n")
     return [js, md]

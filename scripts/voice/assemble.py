@@ -9,6 +9,11 @@ training module's (float32) on held-out sentences.
 
     python scripts/voice/assemble.py --lm /work/voice/train/lm/best.pt --flow /work/voice/train/flow/best.pt \\
         --blank /work/voice/blank --onnx /work/voice/tokenizer/speech_tokenizer_v3.onnx --out data/voice/specli-en
+
+A session that trained only the flow replaces it in a copy of an assembled voice (its yaml, LM, tokenizer and
+ONNX file kept; the flow must have the yaml's shape, which loading the copy through specli's strict loader checks):
+
+    python scripts/voice/assemble.py --from data/voice/specli-en --flow /work/voice/train/flow/best.pt --out DIR
 """
 
 from __future__ import annotations
@@ -153,15 +158,36 @@ def check_lm(module: VoiceLM, out: Path, blank: Path, codebook: int) -> float:
     return worst
 
 
+def replace_flow(source: Path, flow: dict, out: Path) -> None:
+    """``out`` = a copy of the assembled voice ``source`` with the flow of ``flow`` (a train_flow.py best.pt); its
+    shape must be the yaml's (the caller loads ``out`` through specli's strict loader, which checks every key)."""
+    if out.resolve() != source.resolve():
+        shutil.copytree(source, out, dirs_exist_ok=True)
+    write_atomic_with(out / "flow.pt", lambda fh: torch.save(half(flow["model"]), fh))
+    write_sums(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lm", type=Path, required=True, help="train_lm.py best.pt")
+    ap.add_argument("--lm", type=Path, help="train_lm.py best.pt")
     ap.add_argument("--flow", type=Path, required=True, help="train_flow.py best.pt")
-    ap.add_argument("--blank", type=Path, required=True)
-    ap.add_argument("--onnx", type=Path, required=True)
+    ap.add_argument("--blank", type=Path)
+    ap.add_argument("--onnx", type=Path)
+    ap.add_argument("--from", dest="source", type=Path, help="an assembled voice whose flow alone is replaced")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    lm, flow = torch.load(args.lm, weights_only=False), torch.load(args.flow, weights_only=False)
+    flow = torch.load(args.flow, weights_only=False)
+    if args.source is not None:
+        if args.lm or args.blank or args.onnx:
+            ap.error("--from keeps the voice's LM, tokenizer and ONNX file: no --lm, --blank or --onnx")
+        replace_flow(args.source, flow, args.out)
+        vocalizer = Vocalizer.from_dir(args.out, "cosyvoice3")
+        log(f"{args.out}: flow of {args.flow} (step {flow['step']}, held-out CFM {flow['val']:.4f}) in a copy of "
+            f"{args.source}; vocalizer {vocalizer.spec.mel.sample_rate} Hz")
+        return
+    if not (args.lm and args.blank and args.onnx):
+        ap.error("give --lm, --blank and --onnx (or --from VOICE to replace only the flow)")
+    lm = torch.load(args.lm, weights_only=False)
     dit = flow["config"]["dit"]
     args.out.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out / "cosyvoice3.yaml", YAML.format(

@@ -137,7 +137,7 @@ def test_audio_settings_record_only_a_non_float32_dtype(voices) -> None:
 
 
 def test_audio_dtype_needs_audio_output(tmp_path: Path) -> None:
-    res = CliRunner().invoke(main, ["synthesize", "--model", str(VOICE), "--text", "hi", "--audio-dtype", "float32",
+    res = CliRunner().invoke(main, ["synthesize", "--model", str(VOICE), "--text", "hi", "--audio-dtype", "bfloat16",
                                     "-o", str(tmp_path)])
     assert res.exit_code == 2 and "--audio-dtype" in res.stderr and "need --format wav or flac" in res.stderr
     bad = CliRunner().invoke(main, ["bench", "x.wav", "--presets", "whisper-base-ar", "--audio-dtype", "bfloat16"])

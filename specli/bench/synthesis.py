@@ -40,7 +40,7 @@ class SynthesisBenchOptions:
     seed: int = 0  # run seed (each utterance's generator from (seed, id))
     model: str | None = None  # override every preset's model (a checkpoint directory)
     audio: bool = False  # also render each utterance to audio: per-stage real-time factors, end-to-end speedup
-    audio_dtype: AudioDtype = "auto"  # the flow's and vocoder's compute dtype (pipeline.audio_dtype)
+    audio_dtype: AudioDtype = "float32"  # the flow's and vocoder's compute dtype (pipeline.audio_dtype)
 
     def __post_init__(self) -> None:
         if not self.presets or self.repeat < 1:

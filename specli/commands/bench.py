@@ -89,7 +89,7 @@ def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--audio/--no-audio", default=False, show_default=True,
               help="Synthesis presets: also render every utterance to audio (flow + vocoder): real-time factor "
               "of each stage, LLM-stage and end-to-end (text to audio) speedups.")
-@click.option("--audio-dtype", type=click.Choice(AUDIO_DTYPES), default="auto", show_default=True,
+@click.option("--audio-dtype", type=click.Choice(AUDIO_DTYPES), default="float32", show_default=True,
               help="With --audio: the flow's and vocoder's compute dtype (auto: bfloat16 on CPUs with native bf16, "
               "else float32).")
 def bench(inputs, presets, baseline, peers, peer_timeout, references, repeat, warmup, threads, language, task,
@@ -115,7 +115,7 @@ def bench(inputs, presets, baseline, peers, peer_timeout, references, repeat, wa
             _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out, quiet, model, audio,
                              audio_dtype)
         return
-    if model or audio or audio_dtype != "auto":
+    if model or audio or audio_dtype != "float32":
         raise click.UsageError("--model, --audio and --audio-dtype are for synthesis presets")
     for p in peers:
         try:
@@ -177,7 +177,7 @@ def _synthesis_presets(presets: tuple[str, ...]) -> bool:
 
 
 def _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out: Path, quiet: bool, model: str | None,
-                     audio: bool, audio_dtype: str = "auto") -> None:
+                     audio: bool, audio_dtype: str = "float32") -> None:
     """Synthesis presets: INPUTS are text files / JSONL manifests (see specli.bench.synthesis)."""
     import torch
 

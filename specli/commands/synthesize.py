@@ -62,9 +62,10 @@ def _default_preset(model: str | None) -> str:
                    "rate is resampled with soxr).")
 @click.option("--flow-steps", type=click.IntRange(1, 100),
               help="Euler steps of the flow stage (default: the model's, 10): fewer are faster and rougher.")
-@click.option("--audio-dtype", type=click.Choice(AUDIO_DTYPES), default="auto", show_default=True,
-              help="Compute dtype of the flow and vocoder: auto = bfloat16 on a CPU with native bf16 (AMX, AVX-512 "
-                   "BF16; 2-4x faster there), else float32. Either is deterministic; they differ by float rounding.")
+@click.option("--audio-dtype", type=click.Choice(AUDIO_DTYPES), default="float32", show_default=True,
+              help="Compute dtype of the flow and vocoder; auto = bfloat16 on a CPU with native bf16 (AMX, AVX-512 "
+                   "BF16), else float32. bf16 measured 2.6x faster at 1 thread, 0.94x at 2 (docs/benchmarks/"
+                   "synthesis-bf16/). Either is deterministic; they differ by float rounding.")
 @click.option("--prompt-wav", help="Voice prompt recording (<= 30 s, >= 16 kHz) for wav/flac output.")
 @click.option("--prompt-text", help="Transcript of --prompt-wav (CosyVoice3: a '...<|endofprompt|>' prefix is added "
                                     "when absent).")
@@ -81,7 +82,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
     if not inputs and not texts:
         raise click.UsageError("give text files, '-', a *.jsonl manifest or --text")
     if fmt == "npy" and (prompt_wav or prompt_text or speaker or sample_rate is not None or flow_steps is not None
-                         or audio_dtype != "auto"):
+                         or audio_dtype != "float32"):
         raise click.UsageError("--prompt-wav, --prompt-text, --speaker, --sample-rate, --flow-steps and --audio-dtype "
                                "need --format wav or flac")
     if "-" in inputs and launched_world_size() > 1:  # every rank would read its own part of stdin

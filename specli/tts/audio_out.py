@@ -47,7 +47,7 @@ class AudioOptions:
     sample_rate: int | None = None  # output rate; None: the vocoder's own; any other is resampled with soxr
     seed: int = 0  # run seed; each utterance's vocoder noise comes from (seed, id)
     flow_steps: int | None = None  # the flow's Euler steps; None: the model's (10); fewer are faster and rougher
-    dtype: AudioDtype = "auto"  # flow + vocoder compute dtype (pipeline.audio_dtype: auto = bf16 on native-bf16 CPUs)
+    dtype: AudioDtype = "float32"  # flow + vocoder compute dtype (pipeline.audio_dtype; auto: bf16 on native-bf16 CPU)
 
     def __post_init__(self) -> None:
         if self.format not in ("wav", "flac"):

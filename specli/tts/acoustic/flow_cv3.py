@@ -412,11 +412,14 @@ class TokenFlow(nn.Module):
         if not getattr(self.decoder.estimator, "row_segments", False) or len(rows) == 1:
             return [self.inference(*row) for row in rows]
         per = 2 if self.cfg.cfm.inference_cfg_rate > 0 else 1  # estimator rows an utterance (CFG: 2)
-        conds = [self._conditions(*row, streaming=False, finalize=True) for row in rows]
-        shared = [i for i, c in enumerate(conds) if per * c[0].shape[2] >= SHARED_MIN_ROWS]
-        out = {i: self.inference(*row) for i, row in enumerate(rows) if len(shared) < 2 or i not in shared}
-        if len(shared) >= 2:
-            out.update(zip(shared, self._solve_padded([conds[i] for i in shared])))
+        ratio = self.cfg.token_mel_ratio  # an utterance's frames: ratio x (prompt tokens + tokens)
+        shared = [i for i, (tokens, prompt, _, _) in enumerate(rows)
+                  if per * ratio * (prompt.shape[1] + tokens.shape[1]) >= SHARED_MIN_ROWS]
+        shared = shared if len(shared) >= 2 else []
+        out = {i: self.inference(*row) for i, row in enumerate(rows) if i not in shared}
+        if shared:
+            conds = [self._conditions(*rows[i], streaming=False, finalize=True) for i in shared]
+            out.update(zip(shared, self._solve_padded(conds)))
         return [out[i] for i in range(len(rows))]
 
     def _solve_padded(self, conds: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]

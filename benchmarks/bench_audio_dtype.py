@@ -116,7 +116,7 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--voice", type=Path, default=REPO / "data" / "voice" / "specli-en")
+    ap.add_argument("--voice", type=Path, default=REPO / "specli" / "voices" / "specli-en")
     ap.add_argument("--sentences", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)

@@ -47,7 +47,7 @@ def best(fn, repeat: int) -> tuple[float, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--voice", type=Path, default=REPO / "data" / "voice" / "specli-en")
+    ap.add_argument("--voice", type=Path, default=REPO / "specli" / "voices" / "specli-en")
     ap.add_argument("--sentences", type=int, default=16)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)

@@ -15,7 +15,7 @@ English, the ``whisper-base-ar`` preset), word error rate after Whisper's Englis
 Writes ``report.json``, ``README.md`` and ``mel.png`` (piper's and specli's log-mel of one sentence) to
 ``--out``. Not a test; run it by hand on a quiet machine, e.g.
 
-    python benchmarks/voice_roundtrip.py --sentences 50 --threads 2 --out docs/benchmarks/voice   # data/voice/specli-en
+    python benchmarks/voice_roundtrip.py --sentences 50 --threads 2 --out docs/benchmarks/voice   # specli/voices/specli-en
     python benchmarks/voice_roundtrip.py --voice /work/voice/candidate --sentences 20 --out /tmp/rt
 """
 
@@ -183,7 +183,7 @@ def write_markdown(rep: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--voice", default="data/voice/specli-en", help="a voice's model directory or shipped name")
+    ap.add_argument("--voice", default="specli/voices/specli-en", help="a voice's model directory or shipped name")
     ap.add_argument("--corpus", type=Path, default=Path("/work/voice/data"), help="make_voice_data.py output")
     ap.add_argument("--tokens", type=Path, default=Path("data/voice/tokens/tokens.npz"),
                     help="the corpus's committed speech tokens (for the flow-only system)")

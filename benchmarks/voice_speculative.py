@@ -88,7 +88,7 @@ def batched(presets: dict[str, Path], texts: Path, voice: Path, sizes: tuple[int
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--voice", type=Path, default=REPO / "data" / "voice" / "specli-en")
+    ap.add_argument("--voice", type=Path, default=REPO / "specli" / "voices" / "specli-en")
     ap.add_argument("--drafters", type=Path, required=True, help="dir with dspark/, dflash/, eagle3/ (trained)")
     ap.add_argument("--sentences", type=int, default=50, help="held-out sentences 0..N-1")
     ap.add_argument("--threads", type=int, default=2)

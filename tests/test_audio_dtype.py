@@ -17,7 +17,7 @@ from specli.cli import main
 from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt, audio_dtype
 from specli.tts.audio_out import AudioOptions, audio_settings
 
-VOICE = Path(__file__).resolve().parent.parent / "data" / "voice" / "specli-en"
+VOICE = Path(__file__).resolve().parent.parent / "specli" / "voices" / "specli-en"
 # "It's not the valleys in life I dread so much as the dips." as the voice's own LM speaks it (greedy, seed 0):
 # real speech tokens, so the mels compared below are speech, not noise.
 SENTENCE = "It's not the valleys in life I dread so much as the dips."

@@ -14,7 +14,7 @@ from flow_fixtures import write_audio_checkpoint
 from specli.cli import main
 from specli.tts.acoustic.pipeline import RenderedAudio, RenderError, Vocalizer, VoicePrompt
 
-VOICE = Path(__file__).resolve().parent.parent / "data" / "voice" / "specli-en"
+VOICE = Path(__file__).resolve().parent.parent / "specli" / "voices" / "specli-en"
 LENGTHS = (1, 2, 3, 9, 40, 23)  # speech tokens of the rows; 1-3 tokens make the smallest GEMMs
 
 

@@ -56,7 +56,7 @@ def test_wav_lengths_tokens_and_resume(tmp_path: Path, cv3: Path) -> None:
     assert res.exit_code == 1 and f"{lines}:2: empty line" in res.stderr  # a bad line, the rest goes on
     recs = _records(res)
     assert _outputs(out) == ["lines_00001.wav", "lines_00003.wav"]
-    tok = _run(["--model", str(cv3), str(lines), "-o", str(tmp_path / "tok")])  # same seed: same LLM tokens
+    tok = _run(["--model", str(cv3), str(lines), "--format", "npy", "-o", str(tmp_path / "tok")])  # same seed: same LLM tokens
     for rid, rec in recs.items():
         audio, rate = sf.read(out / f"{rid}.wav", dtype="float32")
         tokens = np.load(tmp_path / "tok" / f"{rid}.npy").tolist()
@@ -125,7 +125,7 @@ def test_bad_prompts_and_options_write_nothing(tmp_path: Path, cv3: Path) -> Non
         (["--format", "wav", "--prompt-wav", str(tmp_path / "none.wav"), "--prompt-text", "x"], 2, "none.wav"),
         (["--format", "wav", "--prompt-wav", str(long_wav)], 2, "needs --prompt-text"),
         (["--format", "wav", "--prompt-text", "x"], 2, "give the recording too"),
-        (["--prompt-wav", str(long_wav), "--prompt-text", "x"], 2, "need --format wav or flac"),
+        (["--format", "npy", "--prompt-wav", str(long_wav), "--prompt-text", "x"], 2, "need --format wav or flac"),
     ]
     for extra, code, message in cases:
         res = _run([*base, *extra])
@@ -228,7 +228,7 @@ def test_manifest_prompts_fail_per_line(tmp_path: Path, cv3: Path) -> None:
     recs = _records(res)
     for rid in ("a", "e", "f"):
         assert sf.info(tmp_path / "o" / f"{rid}.wav").frames == 480 * recs[rid]["mel_frames"] > 0
-    npy = _run([str(manifest), "--model", str(cv3), "-o", str(tmp_path / "t")])  # tokens only: no frontend
+    npy = _run([str(manifest), "--model", str(cv3), "--format", "npy", "-o", str(tmp_path / "t")])  # tokens only: no frontend
     assert f"{manifest}:1: prompt_wav needs the speech-tokenizer frontend" in npy.stderr
 
 
@@ -249,5 +249,6 @@ def test_flow_steps_is_a_user_option_recorded_for_resume(tmp_path: Path, cv3: Pa
     assert "1 skipped" in again.stderr
     redo = _run([*base, "--flow-steps", "3", "-o", str(tmp_path / "four")])
     assert "redoing text_00001" in redo.stderr and "flow_steps" in redo.stderr
-    refused = _run(["--model", str(cv3), "--text", "hi", "--flow-steps", "4", "-o", str(tmp_path / "npy")])
+    refused = _run(["--model", str(cv3), "--text", "hi", "--format", "npy", "--flow-steps", "4",
+                    "-o", str(tmp_path / "npy")])
     assert refused.exit_code == 2 and "--flow-steps" in refused.stderr

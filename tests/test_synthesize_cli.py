@@ -161,7 +161,7 @@ def test_bench_synthesis_presets(tmp_path, cv3):
 def test_bench_synthesis_audio_stages_on_the_shipped_voice(tmp_path):
     """--audio renders every utterance with specli-en's flow and vocoder: per-stage RTF, LLM and text-to-audio
     speedups; --model points every preset at the voice."""
-    voice = Path(__file__).resolve().parent.parent / "data" / "voice" / "specli-en"
+    voice = Path(__file__).resolve().parent.parent / "specli" / "voices" / "specli-en"
     texts = tmp_path / "t.txt"
     texts.write_text("Hello there.\nGood night.\n")
     out = tmp_path / "bench"

@@ -1,5 +1,5 @@
-"""specli-en, the voice trained here (data/voice/specli-en while in training): its files load through the same
-loaders as official CosyVoice3 directories (llm.pt + cosyvoice3.yaml + CosyVoice-BlankEN/ by the LM loader,
+"""specli-en, the voice trained here and shipped in the package (specli/voices/specli-en): its files load through
+the same loaders as official CosyVoice3 directories (llm.pt + cosyvoice3.yaml + CosyVoice-BlankEN/ by the LM loader,
 flow.pt + the HiFi-GAN entry by the vocalizer, speech_tokenizer_v3.onnx by the prompt frontend), its ONNX
 tokenizer gives the committed tokens of a corpus clip's rate, `synthesize` renders it to a 22.05 kHz wav, and a
 corrupted copy is refused by its SHA256SUMS."""
@@ -22,7 +22,7 @@ from specli.models.cosyvoice.voices import read_sums
 from specli.tts.acoustic.frontend import Frontend
 from specli.tts.acoustic.pipeline import Vocalizer
 
-VOICE = Path(__file__).resolve().parent.parent / "data" / "voice" / "specli-en"
+VOICE = Path(__file__).resolve().parent.parent / "specli" / "voices" / "specli-en"
 CLIP = Path(__file__).resolve().parent.parent / "samples" / "en"
 
 

@@ -8,12 +8,12 @@ loaders (the LM, the flow + vocoder, the ONNX frontend) and checks the LM's teac
 training module's (float32) on held-out sentences.
 
     python scripts/voice/assemble.py --lm /work/voice/train/lm/best.pt --flow /work/voice/train/flow/best.pt \\
-        --blank /work/voice/blank --onnx /work/voice/tokenizer/speech_tokenizer_v3.onnx --out data/voice/specli-en
+        --blank /work/voice/blank --onnx /work/voice/tokenizer/speech_tokenizer_v3.onnx --out specli/voices/specli-en
 
 A session that trained only the flow replaces it in a copy of an assembled voice (its yaml, LM, tokenizer and
 ONNX file kept; the flow must have the yaml's shape, which loading the copy through specli's strict loader checks):
 
-    python scripts/voice/assemble.py --from data/voice/specli-en --flow /work/voice/train/flow/best.pt --out DIR
+    python scripts/voice/assemble.py --from specli/voices/specli-en --flow /work/voice/train/flow/best.pt --out DIR
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Everything heavy lives outside git under ``$SPECLI_VOICE_WORK`` (default ``/work/voice``): the piper corpus
 (``data/``, rebuilt by ``scripts/make_voice_data.py``), the speech tokenizer's caches, training checkpoints.
 What must outlive a machine is committed under ``data/voice/`` (sentence hashes, speech-token ids) and, once it
-beats the committed one, the voice itself: under ``data/voice/specli-en/`` while in training, under
+beats the committed one, the voice itself: under ``specli/voices/specli-en/`` while in training, under
 ``specli/voices/specli-en/`` (package data) once it meets its round-trip bound.
 """
 
@@ -22,7 +22,7 @@ from specli.io.atomic import write_atomic_with
 REPO = Path(__file__).resolve().parents[2]
 WORK = Path(os.environ.get("SPECLI_VOICE_WORK", "/work/voice"))
 CORPUS = WORK / "data"  # wavs/<id>.wav, train.tsv, heldout.tsv (scripts/make_voice_data.py)
-VOICE_DIR = REPO / "data" / "voice" / "specli-en"  # the voice in training (committed once a session)
+VOICE_DIR = REPO / "specli" / "voices" / "specli-en"  # the voice in training (committed once a session)
 BLANK = "CosyVoice-BlankEN"  # the text tokenizer + Qwen2 config directory inside a model directory
 
 

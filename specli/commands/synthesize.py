@@ -1,5 +1,5 @@
-"""``specli synthesize``: text -> CosyVoice speech tokens (``<id>.npy``) or audio (``--format wav|flac``),
-one utterance a line."""
+"""``specli synthesize``: text -> audio (``<id>.wav``, ``--format flac``) or CosyVoice speech tokens
+(``--format npy``), one utterance a line; the shipped voice specli-en unless ``--model`` / ``--preset`` say otherwise."""
 
 from __future__ import annotations
 
@@ -22,14 +22,19 @@ from specli.tts.pipeline import Resume, SpeechOutcome, read_items, run_synthesis
 
 
 def _default_preset(model: str | None) -> str:
-    return f"{model}-ar" if model in ("cosyvoice2", "cosyvoice3") else "cosyvoice2-ar"
+    """No --model: the shipped voice's preset; a named model: its own; a directory: a plain AR preset (RAS)."""
+    if model is None:
+        return "specli-en-ar"
+    return f"{model}-ar" if model in ("cosyvoice2", "cosyvoice3", "specli-en") else "cosyvoice2-ar"
 
 
 @click.command()
 @click.argument("inputs", nargs=-1)
 @click.option("--text", "texts", multiple=True, help="An utterance to speak (repeatable); ids text_00001, ...")
-@click.option("--model", help="cosyvoice2, cosyvoice3, or a checkpoint directory (overrides the preset's).")
-@click.option("--preset", help="Synthesis preset name or TOML file (default: <model>-ar).")
+@click.option("--model", help="specli-en (the shipped voice, the default), cosyvoice2, cosyvoice3, or a checkpoint "
+                              "directory (overrides the preset's).")
+@click.option("--preset", help="Synthesis preset name or TOML file (default: <model>-ar; specli-en-ar without "
+                               "--model).")
 @click.option("--draft", help="Override the preset's drafter: none, pool, or a DSpark / DFlash / EAGLE-3 drafter "
                               "directory (speculators or z-lab format; or a name under $SPECLI_MODELS_DIR).")
 @click.option("--sampler", type=click.Choice(["ras", "vllm", "greedy"]), help="Override the preset's sampler.")
@@ -55,8 +60,9 @@ def _default_preset(model: str | None) -> str:
 @click.option("--threads", type=click.IntRange(1), help="CPU threads for torch (default: torch's choice).")
 @click.option("--device", help="auto (CUDA when available), cpu, cuda or cuda:N (default: the preset's, auto).")
 @click.option("--progress/--no-progress", default=None, help="A line per utterance on stderr (default: on a terminal).")
-@click.option("--format", "fmt", type=click.Choice(["npy", "wav", "flac"]), default="npy", show_default=True,
-              help="npy: speech tokens only; wav/flac: audio through the flow and HiFT stages (flow.pt, hift.pt).")
+@click.option("--format", "fmt", type=click.Choice(["npy", "wav", "flac"]), default="wav", show_default=True,
+              help="wav/flac: audio through the flow and vocoder stages (flow.pt, hift.pt or the voice's HiFi-GAN); "
+                   "npy: the speech tokens only.")
 @click.option("--sample-rate", type=click.IntRange(8000, 192000),
               help="Audio rate (default: the model's vocoder rate, 24000 for CosyVoice, 22050 for specli-en; another "
                    "rate is resampled with soxr).")
@@ -74,8 +80,9 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
                output_dir, jsonl, run_manifest, overwrite, skip_existing, batch_size, threads, device, progress, fmt,
                sample_rate, flow_steps, audio_dtype, prompt_wav, prompt_text, speaker) -> None:
     """Speech tokens or audio for text: INPUTS are text files (one utterance a line), '-' (stdin) or JSONL
-    manifests (*.jsonl: {"id", "text", "prompt_text", "prompt_tokens", "prompt_wav"}); writes OUTPUT_DIR/<id>.npy, or
-    <id>.wav / <id>.flac with --format. No text normalisation is applied (the text is spoken as written).
+    manifests (*.jsonl: {"id", "text", "prompt_text", "prompt_tokens", "prompt_wav"}); writes OUTPUT_DIR/<id>.wav
+    (the shipped voice specli-en unless --model says otherwise), <id>.flac, or the speech tokens <id>.npy with
+    --format npy. No text normalisation is applied (the text is spoken as written).
     A rerun skips the outputs made with the same settings and redoes the others (hidden .<output>.specli files)."""
     if overwrite and skip_existing:
         raise click.UsageError("--overwrite and --skip-existing exclude each other")

@@ -10,12 +10,14 @@ English, the ``whisper-base-ar`` preset), word error rate after Whisper's Englis
 - ``flow``: the voice's flow + vocoder on the clip's true speech tokens (``data/voice/tokens``: what the
   tokenizer hears in piper's audio), so the flow is judged apart from the LM;
 - ``specli``: ``specli synthesize`` with the voice (text -> LM -> flow -> vocoder), run as a subprocess with
-  ``--jsonl -``, whose per-stage seconds give the real-time factor of the LLM, flow and vocoder stages.
+  ``--jsonl -``, whose per-stage seconds give the real-time factor of the LLM, flow and vocoder stages; with
+  the shipped name (``--voice specli-en``, the default) that is synthesize's default (preset specli-en-ar,
+  greedy), with a directory the plain AR preset (RAS).
 
 Writes ``report.json``, ``README.md`` and ``mel.png`` (piper's and specli's log-mel of one sentence) to
 ``--out``. Not a test; run it by hand on a quiet machine, e.g.
 
-    python benchmarks/voice_roundtrip.py --sentences 50 --threads 2 --out docs/benchmarks/voice   # specli/voices/specli-en
+    python benchmarks/voice_roundtrip.py --sentences 50 --threads 2 --out docs/benchmarks/voice   # the shipped voice
     python benchmarks/voice_roundtrip.py --voice /work/voice/candidate --sentences 20 --out /tmp/rt
 """
 
@@ -183,7 +185,7 @@ def write_markdown(rep: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--voice", default="specli/voices/specli-en", help="a voice's model directory or shipped name")
+    ap.add_argument("--voice", default="specli-en", help="a shipped voice's name or a voice's model directory")
     ap.add_argument("--corpus", type=Path, default=Path("/work/voice/data"), help="make_voice_data.py output")
     ap.add_argument("--tokens", type=Path, default=Path("data/voice/tokens/tokens.npz"),
                     help="the corpus's committed speech tokens (for the flow-only system)")

@@ -47,7 +47,7 @@ def voices() -> dict[str, Vocalizer]:
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> list[int]:
     out = tmp_path_factory.mktemp("tokens")
     res = CliRunner().invoke(main, ["synthesize", "--model", str(VOICE), "--sampler", "greedy", "--text", SENTENCE,
-                                    "-o", str(out)], catch_exceptions=False)
+                                    "--format", "npy", "-o", str(out)], catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
     (path,) = out.glob("*.npy")
     return np.load(path).tolist()
@@ -138,7 +138,7 @@ def test_audio_settings_record_only_a_non_float32_dtype(voices) -> None:
 
 def test_audio_dtype_needs_audio_output(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["synthesize", "--model", str(VOICE), "--text", "hi", "--audio-dtype", "bfloat16",
-                                    "-o", str(tmp_path)])
+                                    "--format", "npy", "-o", str(tmp_path)])
     assert res.exit_code == 2 and "--audio-dtype" in res.stderr and "need --format wav or flac" in res.stderr
     bad = CliRunner().invoke(main, ["bench", "x.wav", "--presets", "whisper-base-ar", "--audio-dtype", "bfloat16"])
     assert bad.exit_code == 2 and "for synthesis presets" in bad.stderr

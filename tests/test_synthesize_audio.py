@@ -56,7 +56,7 @@ def test_wav_lengths_tokens_and_resume(tmp_path: Path, cv3: Path) -> None:
     assert res.exit_code == 1 and f"{lines}:2: empty line" in res.stderr  # a bad line, the rest goes on
     recs = _records(res)
     assert _outputs(out) == ["lines_00001.wav", "lines_00003.wav"]
-    tok = _run(["--model", str(cv3), str(lines), "--format", "npy", "-o", str(tmp_path / "tok")])  # same seed: same LLM tokens
+    tok = _run(["--model", str(cv3), str(lines), "--format", "npy", "-o", str(tmp_path / "tok")])  # same LLM tokens
     for rid, rec in recs.items():
         audio, rate = sf.read(out / f"{rid}.wav", dtype="float32")
         tokens = np.load(tmp_path / "tok" / f"{rid}.npy").tolist()
@@ -228,7 +228,7 @@ def test_manifest_prompts_fail_per_line(tmp_path: Path, cv3: Path) -> None:
     recs = _records(res)
     for rid in ("a", "e", "f"):
         assert sf.info(tmp_path / "o" / f"{rid}.wav").frames == 480 * recs[rid]["mel_frames"] > 0
-    npy = _run([str(manifest), "--model", str(cv3), "--format", "npy", "-o", str(tmp_path / "t")])  # tokens only: no frontend
+    npy = _run([str(manifest), "--model", str(cv3), "--format", "npy", "-o", str(tmp_path / "t")])  # no frontend
     assert f"{manifest}:1: prompt_wav needs the speech-tokenizer frontend" in npy.stderr
 
 

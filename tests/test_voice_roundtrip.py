@@ -26,9 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 # The rule that picked them (not their scores): the first three held-out sentences in sha1 order of 5-7 words made
 # only of letters, spaces, commas and full stops.
 SENTENCES = ("Political speeches are like steer horns.", "Well begun is half done.", "So she moved to Atlanta.")
-# The stated bound (README, "specli-en"): measured 0.375 on these three on an AMD EPYC (AVX2) and the bound leaves
-# room for another CPU's float rounding moving a greedy pick; a voice that does not speak scores ~1.0.
-WER_BOUND = 0.6
+# The stated bound (README, "specli-en"): measured 0.5625 (9 errors in 16 words) on an AMD EPYC (Zen 1, AVX2); the
+# bound leaves room for another CPU's float rounding moving a greedy pick; audio that does not speak scores ~1.0.
+WER_BOUND = 0.75
 
 
 def test_the_sentences_are_held_out() -> None:

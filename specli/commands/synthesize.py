@@ -1,5 +1,6 @@
 """``specli synthesize``: text -> audio (``<id>.wav``, ``--format flac``) or CosyVoice speech tokens
-(``--format npy``), one utterance a line; the shipped voice specli-en unless ``--model`` / ``--preset`` say otherwise."""
+(``--format npy``), one utterance a line; the shipped voice specli-en unless ``--model`` / ``--preset`` say
+otherwise."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def _default_preset(model: str | None) -> str:
 def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed,
                output_dir, jsonl, run_manifest, overwrite, skip_existing, batch_size, threads, device, progress, fmt,
                sample_rate, flow_steps, audio_dtype, prompt_wav, prompt_text, speaker) -> None:
-    """Speech tokens or audio for text: INPUTS are text files (one utterance a line), '-' (stdin) or JSONL
+    """Audio (or speech tokens) for text: INPUTS are text files (one utterance a line), '-' (stdin) or JSONL
     manifests (*.jsonl: {"id", "text", "prompt_text", "prompt_tokens", "prompt_wav"}); writes OUTPUT_DIR/<id>.wav
     (the shipped voice specli-en unless --model says otherwise), <id>.flac, or the speech tokens <id>.npy with
     --format npy. No text normalisation is applied (the text is spoken as written).

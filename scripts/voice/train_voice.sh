@@ -3,7 +3,7 @@
 # Heavy steps run at the lowest priority on one thread each; the LM and the flow train side by side (one core
 # each). Work files live under $SPECLI_VOICE_WORK (default /work/voice), outside git; what must outlive the
 # machine is committed: data/voice/sentences.sha1, data/voice/tokens/, data/voice/blank/ and the voice itself
-# (specli/voices/specli-en/ while in training, from which a new run starts when no checkpoint is left).
+# (specli/voices/specli-en/, the shipped voice, from which a new run starts when no checkpoint is left).
 #
 #   scripts/voice/train_voice.sh data|tokenizer|tokens|train|assemble|all
 #
@@ -17,7 +17,7 @@ LM_SHAPE='{"hidden": 256, "layers": 6, "heads": 4, "kv_heads": 2, "intermediate"
 LM_STEPS="${LM_STEPS:-4000}"
 FLOW_STEPS="${FLOW_STEPS:-8000}"
 CODEBOOK=729  # FSQ levels 3^6 (data/voice/tokenizer.json)
-VOICE="${SPECLI_VOICE_DIR:-specli/voices/specli-en}"  # the voice in training (specli/voices/ once it ships)
+VOICE="${SPECLI_VOICE_DIR:-specli/voices/specli-en}"  # the shipped voice, which training continues from
 mkdir -p "$W/logs"
 
 step_data() {  # 25 min-2 h (piper RTF 0.04-0.15 by CPU and load): piper speaks data/voice/sentences.sha1

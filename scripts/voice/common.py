@@ -3,8 +3,8 @@
 Everything heavy lives outside git under ``$SPECLI_VOICE_WORK`` (default ``/work/voice``): the piper corpus
 (``data/``, rebuilt by ``scripts/make_voice_data.py``), the speech tokenizer's caches, training checkpoints.
 What must outlive a machine is committed under ``data/voice/`` (sentence hashes, speech-token ids) and, once it
-beats the committed one, the voice itself: under ``specli/voices/specli-en/`` while in training, under
-``specli/voices/specli-en/`` (package data) once it meets its round-trip bound.
+beats the committed one, the voice itself: ``specli/voices/specli-en/``, the shipped package data that training
+continues from.
 """
 
 from __future__ import annotations

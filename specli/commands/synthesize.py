@@ -15,6 +15,8 @@ from specli.commands.interrupt import report_interrupt
 from specli.commands.synthesize_audio import OutcomeTally, echo_skipped, run_audio
 from specli.tts.synthesis import Synthesizer, load_synthesizer
 from specli.errors import PresetError
+from specli.models.cosyvoice.lm import KNOWN_MODELS
+from specli.models.cosyvoice.voices import SHIPPED_VOICES
 from specli.presets.synthesis import load_synthesis_preset
 from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
 from specli.tts.acoustic.pipeline import AUDIO_DTYPES
@@ -22,11 +24,14 @@ from specli.tts.audio_out import AudioOptions, AudioOutcome, audio_path
 from specli.tts.pipeline import Resume, SpeechOutcome, read_items, run_synthesis, synthesis_settings, tokens_path
 
 
+DEFAULT_VOICE = "specli-en"  # what synthesize speaks with when neither --model nor --preset names a model
+
+
 def _default_preset(model: str | None) -> str:
-    """No --model: the shipped voice's preset; a named model: its own; a directory: a plain AR preset (RAS)."""
-    if model is None:
-        return "specli-en-ar"
-    return f"{model}-ar" if model in ("cosyvoice2", "cosyvoice3", "specli-en") else "cosyvoice2-ar"
+    """No --model: the shipped voice's preset; a named model or shipped voice: its ``<name>-ar``; a directory: a
+    plain AR preset (RAS)."""
+    model = model or DEFAULT_VOICE
+    return f"{model}-ar" if model in KNOWN_MODELS or model in SHIPPED_VOICES else "cosyvoice2-ar"
 
 
 @click.command()

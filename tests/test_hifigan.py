@@ -124,6 +124,32 @@ def test_loading_does_not_import_the_wheel_module() -> None:
 
 
 @needs_wheel
+def test_fused_convolutions_equal_the_separate_ops(universal: HifiGan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN's convolution with the leaky ReLU or the residual add fused as a post-op gives the same bytes as the
+    convolution followed by the op (float32 on the CPU), at 1 and 2 threads; bf16 autocast takes the plain ops."""
+    if not H._POINTWISE:
+        pytest.skip("this torch has no oneDNN fused convolution (the plain path is the only one)")
+    mel = _mel(2, 30, 3)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            fused = universal.vocode(mel)
+            with monkeypatch.context() as m:
+                m.setattr(H, "_POINTWISE", False)
+                plain = universal.vocode(mel)
+            assert torch.equal(fused, plain), n
+    finally:
+        torch.set_num_threads(threads)
+    x = torch.randn(1, 4, 1, 9).contiguous(memory_format=torch.channels_last)
+    assert H._fusable(x) and not H._fusable(x.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not H._fusable(x)
+    with pytest.raises(ValueError, match="one post-op"):
+        H._conv(universal.conv_post, x[:, :1].expand(1, 32, 1, 9), slope=0.1, residual=x)
+
+
+@needs_wheel
 @pytest.mark.slow
 def test_universal_matches_library(universal: HifiGan, library_universal: torch.nn.Module) -> None:
     """Random mels and the mel of a real clip: specli's output equals the library's within 3e-5, under one 16-bit

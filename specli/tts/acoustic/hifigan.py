@@ -155,19 +155,45 @@ class _ResBlock1(nn.Module):
         self.convs2 = nn.ModuleList(nn.Conv1d(channels, channels, kernel, padding=(kernel - 1) // 2)
                                     for _ in dilations)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, 1, T] channels-last -> the same
-        for c1, c2 in zip(self.convs1, self.convs2):
-            xt = _conv(c2, F.leaky_relu(_conv(c1, F.leaky_relu(x, self.slope)), self.slope))
-            x = xt + x
+    def forward(self, x: torch.Tensor, act: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [B, C, 1, T]`` channels-last -> the same; ``act``: ``leaky_relu(x, slope)`` when the caller has it
+        (the three blocks of a stage read the same input)."""
+        for i, (c1, c2) in enumerate(zip(self.convs1, self.convs2)):
+            a = act if i == 0 and act is not None else F.leaky_relu(x, self.slope)
+            x = _conv(c2, _conv(c1, a, slope=self.slope), residual=x)
         return x
 
 
-def _conv(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+_POINTWISE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
+
+
+def _fusable(x: torch.Tensor) -> bool:
+    """oneDNN's fused convolution applies: float32 on the CPU outside autocast (bf16 stages take ``F.conv2d``)."""
+    return _POINTWISE and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+
+
+def _conv(conv: nn.Conv1d, x: torch.Tensor, slope: float | None = None,
+          residual: torch.Tensor | None = None) -> torch.Tensor:
     """``conv`` on ``x [B, C, 1, T]`` as a channels-last 2-D convolution with a ``1 x K`` kernel: the same sums as
     ``Conv1d`` up to float rounding, 2-3x faster on CPU for the narrow, long layers (oneDNN's channels-last
-    kernels reach ~80 GFLOP/s a core where its 1-D ones reach ~35: docs/benchmarks/synthesis-batch/)."""
+    kernels reach ~80 GFLOP/s a core where its 1-D ones reach ~35: docs/benchmarks/synthesis-batch/). Then a
+    leaky ReLU of ``slope`` or ``+ residual`` (one of them), fused into oneDNN's convolution as a post-op where
+    :func:`_fusable` (bit-identical to the separate op: the same float operation on each output, without another
+    pass over the activations; ``tests/test_hifigan.py``)."""
     weight = conv.weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # [Cout, Cin, 1, K]
-    return F.conv2d(x, weight, conv.bias, padding=(0, conv.padding[0]), dilation=(1, conv.dilation[0]))
+    pad, dil = [0, conv.padding[0]], [1, conv.dilation[0]]
+    if slope is not None and residual is not None:
+        raise ValueError("one post-op: a leaky ReLU or a residual")
+    if _fusable(x) and residual is not None:
+        return torch.ops.mkldnn._convolution_pointwise(x, residual, weight, conv.bias, pad, [1, 1], dil, 1, "add",
+                                                       1.0, None, [], None)
+    if _fusable(x) and slope is not None:
+        return torch.ops.mkldnn._convolution_pointwise(x, weight, conv.bias, pad, [1, 1], dil, 1, "leaky_relu",
+                                                       [slope], "")
+    y = F.conv2d(x, weight, conv.bias, padding=tuple(pad), dilation=tuple(dil))
+    if slope is not None:
+        return F.leaky_relu(y, slope)
+    return y if residual is None else y + residual
 
 
 def _conv_transpose(conv: nn.ConvTranspose1d, x: torch.Tensor) -> torch.Tensor:
@@ -203,9 +229,10 @@ class HifiGan(nn.Module):
         x = _conv(self.conv_pre, x)  # [B, 512, 1, T]
         for i, up in enumerate(self.ups):
             x = _conv_transpose(up, F.leaky_relu(x, self.cfg.lrelu_slope))  # [B, C / 2, 1, T * rate]
-            xs = self.resblocks[i * kernels](x)
+            act = F.leaky_relu(x, self.cfg.lrelu_slope)  # each block's first activation, computed once
+            xs = self.resblocks[i * kernels](x, act)
             for j in range(1, kernels):
-                xs = xs + self.resblocks[i * kernels + j](x)
+                xs = xs + self.resblocks[i * kernels + j](x, act)
             x = xs / kernels
         return torch.tanh(_conv(self.conv_post, F.leaky_relu(x)))[:, :, 0]  # upstream: default slope 0.01 here
 

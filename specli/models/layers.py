@@ -13,6 +13,14 @@ at 1500 rows; never slower beyond noise), so there is no per-``m`` table of layo
 second copy of the weight. The one per-``m`` rule: oneDNN is slower on 1–3 rows than on 4, so
 fewer than ``_MIN_ROWS`` rows are zero-padded to ``_MIN_ROWS`` and the result sliced.
 
+Not done on purpose: on AVX2-only CPUs (AMD EPYC Zen 1 / Zen 3, 2 threads) oneDNN costs a fixed ~100 us a call,
+so a one-row product of a small layer is 2-5x slower than MKL's ``F.linear`` (256 x 256: 115 vs 17 us; a 6,761-row
+head: 279 vs 266 us) and an AR step of specli-en's 6 x 256 LM would be 1.3x faster through ``F.linear`` (7.0 ->
+5.4 ms). But oneDNN's rows do not depend on the row count (a row of a 9-row product equals the same row alone,
+bitwise), while ``F.linear``'s one-row (gemv) and MKL's packed paths do not match their multi-row rows: a one-row
+rule would make AR steps and k + 1-row verifications differ by float noise, and float32 speculative == AR would
+hold only up to near-ties. Exactness is kept.
+
 Memory: the blocked weight replaces the plain one (same size). A weight tied to an embedding (the
 Whisper vocabulary head) is no longer shared with it: one extra copy of that matrix.
 fp32 results match ``F.linear`` to ~1e-6 relative; both paths are deterministic run to run for a

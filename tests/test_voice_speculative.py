@@ -1,0 +1,97 @@
+"""Speculative synthesis on the shipped voice specli-en (real weights, held-out sentences): greedy speculative
+decoding gives AR's speech tokens, token for token, whatever the drafter proposes. Drafters: one that replays AR's
+own tokens (always right: every step accepts the whole chain and takes the bonus token), one that proposes a wrong
+token at every position (always wrong: every step is the target's own token), freshly initialised DSpark (chain and
+adaptive) and EAGLE-3 modules on the voice's LM (mostly wrong, through the real draft-model code), and the n-gram
+pool. No drafter is shipped for specli-en (none is faster than AR on these CPUs:
+docs/benchmarks/voice-speculative-greedy/), so these are the voice's exactness tests for every speculative path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest
+from specli.core.drafters.llm.base import target_parts
+from specli.core.drafters.llm.speculators import save_speculators
+from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
+from specli.presets.synthesis import load_synthesis_preset
+from specli.tts.synthesis import SynthesisRequest, build_synthesizer
+from test_speech_drafters import make_module
+from test_voice_roundtrip import SENTENCES
+
+REQUESTS = [SynthesisRequest(f"s{i}", text) for i, text in enumerate(SENTENCES)]
+
+
+class ReplayDrafter:
+    """Proposes AR's next tokens (``wrong``: each shifted by one, never AR's token) for the decode whose prompt
+    it knows; the reference is keyed by prompt."""
+
+    def __init__(self, reference: dict[tuple[int, ...], list[int]], vocab: int, wrong: bool) -> None:
+        self.reference, self.vocab, self.wrong = reference, vocab, wrong
+        self.proposed = 0  # draft tokens proposed (the test checks the path ran)
+
+    def start(self, state, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        ref = self.reference[tuple(request.tokens[: request.prompt_len])]
+        done = len(request.tokens) - request.prompt_len  # sampled tokens, the pending one included
+        chain = ref[done: done + request.budget]
+        if self.wrong:
+            chain = [(t + 1) % self.vocab for t in chain]
+        self.proposed += len(chain)
+        return DraftProposal(chain, list(range(-1, len(chain) - 1)), [1.0] * len(chain)) if chain else EMPTY
+
+    def commit(self, tokens: list[int]) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def voice() -> CosyVoiceModel:
+    return load_cosyvoice("specli-en")
+
+
+@pytest.fixture(scope="module")
+def reference(voice: CosyVoiceModel) -> dict[str, list[int]]:
+    synth = build_synthesizer(load_synthesis_preset("specli-en-ar"), voice)
+    return {r.id: list(synth.synthesize(r).tokens) for r in REQUESTS}
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["always-right", "always-wrong"])
+def test_replayed_drafts_give_the_ar_tokens(voice: CosyVoiceModel, reference: dict[str, list[int]],
+                                            wrong: bool) -> None:
+    from specli.tts.synthesis import prepare
+
+    prompts = {tuple(prepare(voice, r).prompt): reference[r.id] for r in REQUESTS}
+    synth = build_synthesizer(load_synthesis_preset("specli-en-ar"), voice)
+    synth.drafter = ReplayDrafter(prompts, voice.lm.vocab, wrong)
+    for r in REQUESTS:
+        res = synth.synthesize(r)
+        assert list(res.tokens) == reference[r.id], r.text
+        stats = res.stats
+        if wrong:
+            assert stats.accepted == 0 and stats.drafted > 0
+        else:  # whole chains accepted: far fewer target forwards than tokens
+            assert stats.accepted == stats.drafted > 0
+            assert stats.target_forwards * 3 < len(res.tokens) + 3
+    assert synth.drafter.proposed > 0
+
+
+@pytest.mark.parametrize("preset,kind", [("cosyvoice3-dspark", "dspark"), ("cosyvoice3-dspark-adaptive", "dspark"),
+                                         ("cosyvoice3-eagle3", "eagle3")])
+def test_fresh_draft_models_give_the_ar_tokens(voice: CosyVoiceModel, reference: dict[str, list[int]],
+                                               tmp_path: Path, preset: str, kind: str) -> None:
+    draft = save_speculators(make_module(kind, target_parts(voice.lm), seed=2, layers=1), tmp_path / kind)
+    synth = build_synthesizer(load_synthesis_preset(preset), voice, draft=str(draft), sampler="greedy")
+    for r in REQUESTS:
+        res = synth.synthesize(r)
+        assert list(res.tokens) == reference[r.id], (preset, r.text)
+        assert res.stats.drafted > 0
+
+
+def test_the_pool_gives_the_ar_tokens(voice: CosyVoiceModel, reference: dict[str, list[int]]) -> None:
+    synth = build_synthesizer(load_synthesis_preset("cosyvoice3-pool"), voice, sampler="greedy")
+    for r in REQUESTS * 2:  # the second pass drafts from the first's tokens
+        assert list(synth.synthesize(r).tokens) == reference[r.id], r.text

@@ -3,15 +3,15 @@ against plain decoding, on held-out sentences the drafters never saw, 2 threads,
 
 1. Batch 1 (``specli bench``'s synthesis runner, one warm-up pass + ``--repeat`` measured passes, every sentence
    through every preset in turn): LLM tokens/s, acceptance length (tau) and acceptance per draft position, the
-   LLM-stage speedup over AR and exactness (greedy presets: tokens identical to greedy AR). Samplers: RAS (the
-   voice's deployment sampler, the AR baseline) and greedy.
+   LLM-stage speedup over AR and exactness (greedy presets: tokens identical to greedy AR). Samplers
+   (``--samplers``): greedy (specli-en's default, the first: the AR baseline) and RAS.
 2. Batch 8 (``Synthesizer.synthesize_batch``, continuous batching): LLM tokens/s and speedup over AR at batch 8
-   (and at batch 1 through the same batched code path), interleaved by pass.
-3. Text to audio: AR and each RAS drafter again with the flow and the vocoder (``specli bench --audio``):
-   real-time factor of each stage and the end-to-end speedup over AR.
+   (and at batch 1 through the same batched code path), interleaved by pass, under the first sampler.
+3. Text to audio: AR and each drafter of the first sampler again with the flow and the vocoder (``specli bench
+   --audio``): real-time factor of each stage and the end-to-end speedup over AR.
 
     python benchmarks/voice_speculative.py --drafters /work/voice/drafters --sentences 50 --threads 2 \
-        --out docs/benchmarks/voice-speculative
+        --samplers greedy,ras --out docs/benchmarks/voice-speculative
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ DRAFTERS = {"dspark": ("chain", 8), "dspark-adaptive": ("adaptive", 8), "dflash"
             "eagle3": ("chain", 8)}  # preset name -> (strategy, max draft), as the cosyvoice3-* presets
 
 
-def write_presets(work: Path, voice: Path, drafters: Path) -> dict[str, Path]:
-    """TOML presets over ``voice``: AR and pool under RAS and greedy, each trained drafter found in ``drafters``."""
+def write_presets(work: Path, voice: Path, drafters: Path, samplers: tuple[str, ...]) -> dict[str, Path]:
+    """TOML presets over ``voice``: AR and pool under each sampler, each trained drafter found in ``drafters``."""
     out: dict[str, Path] = {}
 
     def preset(name: str, sampler: str, extra: str = "") -> None:
@@ -50,7 +50,7 @@ def write_presets(work: Path, voice: Path, drafters: Path) -> dict[str, Path]:
         path.write_text(f'family = "cosyvoice"\nmodel = "{voice}"\nsampler = "{sampler}"\n{extra}')
         out[name] = path
 
-    for sampler in ("ras", "greedy"):
+    for sampler in samplers:
         preset(f"ar-{sampler}", sampler)
         preset(f"pool-{sampler}", sampler, 'strategy = "chain"\ndrafter = "pool"\nmax_draft = 8\n')
         for name, (strategy, k) in DRAFTERS.items():
@@ -61,11 +61,12 @@ def write_presets(work: Path, voice: Path, drafters: Path) -> dict[str, Path]:
     return out
 
 
-def batched(presets: dict[str, Path], texts: Path, voice: Path, sizes: tuple[int, ...], repeat: int) -> dict:
-    """LLM-stage tokens/s of each RAS preset at each batch size (best of ``repeat`` interleaved passes)."""
+def batched(presets: dict[str, Path], texts: Path, voice: Path, sizes: tuple[int, ...], repeat: int,
+            sampler: str) -> dict:
+    """LLM-stage tokens/s of each ``sampler`` preset at each batch size (best of ``repeat`` interleaved passes)."""
     requests = [it.request for it in read_items([str(texts)]) if it.request is not None]
     model = load_cosyvoice(str(voice), "float32")
-    names = [n for n in presets if n.endswith("-ras")]
+    names = [n for n in presets if n.endswith(f"-{sampler}")]
     best: dict[tuple[str, int], tuple[float, int]] = {}
     for _ in range(repeat + 1):  # the first pass warms up
         for size in sizes:
@@ -79,7 +80,7 @@ def batched(presets: dict[str, Path], texts: Path, voice: Path, sizes: tuple[int
                     best[key] = (wall, tokens)
     rows = {}
     for (name, size), (wall, tokens) in best.items():
-        base_wall, base_tokens = best[("ar-ras", size)]
+        base_wall, base_tokens = best[(f"ar-{sampler}", size)]
         rows.setdefault(name, {})[str(size)] = {
             "wall_seconds": wall, "tokens": tokens, "tokens_per_second": tokens / wall,
             "speedup_tokens_per_second": (tokens / wall) / (base_tokens / base_wall)}
@@ -94,8 +95,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--samplers", default="greedy,ras", help="comma-separated; the first is the baseline's (AR)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: batch1, batched, audio")
-    ap.add_argument("--audio-presets", default="", help="comma-separated presets for part 3 (default: every RAS one)")
+    ap.add_argument("--audio-presets", default="", help="comma-separated presets for part 3 (default: every one of "
+                    "the first sampler but the pool)")
     ap.add_argument("--audio-sentences", type=int, default=0, help="part 3 on the first N sentences (0: all)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -105,24 +108,26 @@ def main() -> None:
     texts = work / "heldout.jsonl"
     rows = sentences("heldout")[: args.sentences]
     texts.write_text("".join(json.dumps({"id": sid, "text": text}) + "\n" for sid, text in rows))
-    presets = write_presets(work, args.voice.resolve(), args.drafters.resolve())
+    samplers = tuple(args.samplers.split(","))
+    first = samplers[0]
+    presets = write_presets(work, args.voice.resolve(), args.drafters.resolve(), samplers)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     report: dict = {"voice": str(args.voice), "sentences": len(rows), "threads": args.threads,
                     "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
                     "presets": {k: v.read_text() for k, v in presets.items()}}
     if "batch1" not in skip:
-        opts = SynthesisBenchOptions(tuple(str(p) for p in presets.values()), str(presets["ar-ras"]), args.repeat)
+        opts = SynthesisBenchOptions(tuple(str(p) for p in presets.values()), str(presets[f"ar-{first}"]), args.repeat)
         report["batch1"] = run_synthesis_bench([str(texts)], opts, log)
         report["batch1"].pop("runs")
     if "batched" not in skip:
         sizes = tuple(int(s) for s in args.batch_sizes.split(","))
-        report["batched"] = batched(presets, texts, args.voice, sizes, args.repeat)
+        report["batched"] = batched(presets, texts, args.voice, sizes, args.repeat, first)
     if "audio" not in skip:
-        names = [n for n in presets if n.endswith("-ras") and not n.startswith("pool")]
+        names = [n for n in presets if n.endswith(f"-{first}") and not n.startswith("pool")]
         names = [n for n in args.audio_presets.split(",") if n in presets] or names
         few = work / "audio.jsonl"
         few.write_text("".join(texts.read_text().splitlines(keepends=True)[: args.audio_sentences or None]))
-        opts = SynthesisBenchOptions(tuple(str(presets[n]) for n in names), str(presets["ar-ras"]), args.repeat,
+        opts = SynthesisBenchOptions(tuple(str(presets[n]) for n in names), str(presets[f"ar-{first}"]), args.repeat,
                                      audio=True)
         report["audio"] = run_synthesis_bench([str(few)], opts, log)
         report["audio"].pop("runs")

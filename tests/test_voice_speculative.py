@@ -17,7 +17,7 @@ from specli.core.drafters.llm.base import target_parts
 from specli.core.drafters.llm.speculators import save_speculators
 from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
 from specli.presets.synthesis import load_synthesis_preset
-from specli.tts.synthesis import SynthesisRequest, build_synthesizer
+from specli.tts.synthesis import SynthesisRequest, build_synthesizer, prepare
 from test_speech_drafters import make_module
 from test_voice_roundtrip import SENTENCES
 
@@ -62,8 +62,6 @@ def reference(voice: CosyVoiceModel) -> dict[str, list[int]]:
 @pytest.mark.parametrize("wrong", [False, True], ids=["always-right", "always-wrong"])
 def test_replayed_drafts_give_the_ar_tokens(voice: CosyVoiceModel, reference: dict[str, list[int]],
                                             wrong: bool) -> None:
-    from specli.tts.synthesis import prepare
-
     prompts = {tuple(prepare(voice, r).prompt): reference[r.id] for r in REQUESTS}
     synth = build_synthesizer(load_synthesis_preset("specli-en-ar"), voice)
     synth.drafter = ReplayDrafter(prompts, voice.lm.vocab, wrong)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ sys.path.insert(0, str(REPO / "scripts" / "voice"))
 from texts import sentences  # noqa: E402  (scripts/voice/texts.py: the corpus's held-out sentences)
 
 import specli.tts.acoustic.hifigan as hifigan  # noqa: E402
+from specli.bench.runner import machine_info  # noqa: E402
 from specli.presets.synthesis import load_synthesis_preset  # noqa: E402
 from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt  # noqa: E402
 from specli.tts.synthesis import SynthesisRequest, load_synthesizer  # noqa: E402
@@ -66,16 +66,6 @@ def vocoder_part(token_lists: list[list[int]], repeat: int) -> dict:
             "median_utterance_speedup": ratios[len(ratios) // 2]}
 
 
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else the platform's machine."""
-    info = Path("/proc/cpuinfo")
-    if info.exists():
-        for line in info.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.machine()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sentences", type=int, default=20, help="held-out sentences 0..N-1")
@@ -85,8 +75,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     requests = [SynthesisRequest(id=sid, text=text) for sid, text in sentences("heldout")[: args.sentences]]
-    report = {"machine": cpu_name(), "torch": torch.__version__, "threads": args.threads,
-              "sentences": len(requests), "repeat": args.repeat,
+    report = {"machine": machine_info(args.threads), "sentences": len(requests), "repeat": args.repeat,
               "vocoder": vocoder_part(greedy_tokens(requests), args.repeat)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")

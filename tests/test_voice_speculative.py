@@ -15,6 +15,7 @@ import pytest
 from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest
 from specli.core.drafters.llm.base import target_parts
 from specli.core.drafters.llm.speculators import save_speculators
+from specli.core.tree import chain_parents
 from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
 from specli.presets.synthesis import load_synthesis_preset
 from specli.tts.synthesis import SynthesisRequest, build_synthesizer, prepare
@@ -42,7 +43,7 @@ class ReplayDrafter:
         if self.wrong:
             chain = [(t + 1) % self.vocab for t in chain]
         self.proposed += len(chain)
-        return DraftProposal(chain, list(range(-1, len(chain) - 1)), [1.0] * len(chain)) if chain else EMPTY
+        return DraftProposal(chain, chain_parents(len(chain)), [1.0] * len(chain)) if chain else EMPTY
 
     def commit(self, tokens: list[int]) -> None:
         pass

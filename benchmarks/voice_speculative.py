@@ -37,8 +37,10 @@ from specli.presets.synthesis import load_synthesis_preset  # noqa: E402
 from specli.tts.pipeline import read_items  # noqa: E402
 from specli.tts.synthesis import build_synthesizer  # noqa: E402
 
-DRAFTERS = {"dspark": ("chain", 8), "dspark-adaptive": ("adaptive", 8), "dflash": ("chain", 3),
-            "eagle3": ("chain", 8)}  # preset name -> (strategy, max draft), as the cosyvoice3-* presets
+DRAFTERS = {"dspark": ("chain", 8, ""), "dspark-adaptive": ("adaptive", 8, ""), "dflash": ("chain", 3, ""),
+            "eagle3": ("chain", 8, ""),
+            "dspark-tree": ("dynamic-tree", 10, "tree_topk = 4\ntree_depth = 4\nmax_draft_rows = 1\n")}
+# preset name -> (strategy, max draft, more TOML), the chains as the cosyvoice3-* presets, the tree as specli-en-dspark
 
 
 def write_presets(work: Path, voice: Path, drafters: Path, samplers: tuple[str, ...]) -> dict[str, Path]:
@@ -53,11 +55,11 @@ def write_presets(work: Path, voice: Path, drafters: Path, samplers: tuple[str, 
     for sampler in samplers:
         preset(f"ar-{sampler}", sampler)
         preset(f"pool-{sampler}", sampler, 'strategy = "chain"\ndrafter = "pool"\nmax_draft = 8\n')
-        for name, (strategy, k) in DRAFTERS.items():
+        for name, (strategy, k, extra) in DRAFTERS.items():
             kind = name.split("-")[0]
             if (drafters / kind / "config.json").is_file():
                 preset(f"{name}-{sampler}", sampler, f'strategy = "{strategy}"\ndrafter = "{kind}"\n'
-                       f'draft_dir = "{drafters / kind}"\nmax_draft = {k}\n')
+                       f'draft_dir = "{drafters / kind}"\nmax_draft = {k}\n{extra}')
     return out
 
 

@@ -35,7 +35,12 @@ from specli.core.types import HiddenStates, ScoreOutput
 from specli.core.verify import reference
 
 KINDS = ("dspark", "dflash", "eagle3")
-STRATEGIES = ("chain", "adaptive", "sparse-tree", "recycling")
+STRATEGIES = ("chain", "adaptive", "sparse-tree", "dynamic-tree", "recycling")
+
+
+def strategies(kind: str) -> list[str]:
+    """The strategies a drafter kind supports (dynamic trees: the block drafters)."""
+    return [s for s in STRATEGIES if kind != "eagle3" or s != "dynamic-tree"]
 
 
 def make_module(kind: str, parts: TargetParts, vocab_ids=None, seed: int = 0, aux=None, convention=None, layers=2):
@@ -83,14 +88,65 @@ def test_greedy_is_token_identical_in_every_strategy(cv, kind):
     for full_vocab in (True, False):
         module = make_module(kind, parts, None if full_vocab else vocab, seed=1)
         attach_aux_layers(lm, module.config)
-        for strategy in STRATEGIES:
-            opts = SpeechDraftOptions(strategy, confidence_threshold=0.5, tree_topk=2, tree_threshold=0.9)
+        for strategy in strategies(kind):
+            opts = SpeechDraftOptions(strategy, confidence_threshold=0.5, tree_topk=2, tree_threshold=0.9,
+                                      tree_depth=3)
             for p, ref in zip(prompts, plain):
                 res = _decode(model, rules, params, p, wrap(module, opts))
                 assert res.tokens == ref.tokens and res.finished == ref.finished, (kind, strategy, full_vocab)
                 accepted += res.stats.accepted
         lm.qwen.aux_layers = ()
     assert accepted > 0  # the small draft vocabulary gets drafts accepted: acceptance paths ran
+
+
+class Recording:
+    """A drafter that records the tokens of every proposal of the drafter it wraps."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.proposals = inner, []
+
+    def start(self, state, prompt) -> None:
+        self.inner.start(state, prompt)
+
+    def propose(self, request):
+        proposal = self.inner.propose(request)
+        self.proposals.append(list(proposal.tokens))
+        return proposal
+
+    def commit(self, tokens) -> None:
+        self.inner.commit(tokens)
+
+
+@pytest.mark.parametrize("kind", ["dspark", "dflash"])
+def test_a_one_wide_dynamic_tree_is_the_chain(cv, kind):
+    """A dynamic tree expanding one node a level proposes exactly the chain (its levels read the slots the chain
+    drafts from: DSpark's Markov table rows equal the per-token Markov bias); a wider tree proposes more nodes."""
+    model, rules, params, prompts = cv
+    lm = model.lm
+    lm.qwen.aux_layers = ()
+    plain = [_decode(model, rules, params, p) for p in prompts]
+    vocab = torch.tensor(sorted({t for r in plain for t in r.tokens} | {model.spec.eos}))
+    module = make_module(kind, target_parts(lm), vocab, seed=1)
+    attach_aux_layers(lm, module.config)
+    try:
+        if kind == "dspark":
+            prev = torch.tensor([0, 3, int(vocab[-1]), lm.vocab - 1, lm.vocab + 5])  # the last: past the vocabulary
+            base = torch.randn(4, module.config.draft_vocab)
+            direct = module.slot_rows(base, 2, prev)
+            assert torch.allclose(module.slot_rows(base, 2, prev, module.slot_table()), direct, atol=1e-5)
+            assert torch.allclose(direct[1], module.slot_logits(base, base, 2, 3), atol=1e-6)
+        for p, ref in zip(prompts, plain):
+            runs = {}
+            for name, opts in (("chain", SpeechDraftOptions("chain")),
+                               ("tree1", SpeechDraftOptions("dynamic-tree", tree_topk=1, tree_depth=8)),
+                               ("tree3", SpeechDraftOptions("dynamic-tree", tree_topk=3, tree_depth=8))):
+                runs[name] = Recording(wrap(module, opts))
+                res = _decode(model, rules, params, p, runs[name])
+                assert res.tokens == ref.tokens, (kind, name)
+            assert runs["tree1"].proposals == runs["chain"].proposals
+            assert sum(map(len, runs["tree3"].proposals)) > sum(map(len, runs["chain"].proposals))
+    finally:
+        lm.qwen.aux_layers = ()
 
 
 def test_aux_layer_conventions_read_the_same_states(cv):
@@ -182,6 +238,7 @@ def toy_drafter(kind: str, strategy: str, sharpness: float = 2.0):
 
 CASES = [(s, k, t) for s in ("ras", "vllm") for k in KINDS for t in ("chain", "sparse-tree")]
 CASES += [("ras", "dspark", "adaptive"), ("vllm", "eagle3", "adaptive")]
+CASES += [(s, k, "dynamic-tree") for s in ("ras", "vllm") for k in ("dspark", "dflash")]
 RUNS = 600  # per case (the bound grows as 1/sqrt(runs); the power check below uses F2's 1000)
 
 
@@ -211,7 +268,7 @@ def test_toy_greedy_with_adaptive_truncation_equals_ar():
         prompt = [seed % 5, 2]
         plain = greedy_decode(target, target.start(), DecodeJob(prompt, sampling.rules, EOS, 12))
         for kind in KINDS:
-            for strategy in STRATEGIES:
+            for strategy in strategies(kind):
                 spec = speculative_decode(target, target.start(),
                                           DecodeJob(prompt, sampling.rules, EOS, 12, sampling=sampling.params),
                                           toy_drafter(kind, strategy), SpecOptions(max_draft=4))
@@ -251,6 +308,15 @@ def test_drafter_presets():
     with pytest.raises(PresetError, match="needs draft_dir"):
         synthesis_preset_from_dict("x", {"model": "cosyvoice3", "strategy": "chain",
                                          "drafter": "dflash"})
+    for bad in ({"drafter": "eagle3"}, {"tree_topk": 0}, {"tree_topk": 9}, {"tree_depth": 0}):
+        with pytest.raises(PresetError, match="dynamic-tree"):
+            synthesis_preset_from_dict("x", {"model": "cosyvoice3", "strategy": "dynamic-tree", "drafter": "dspark",
+                                             "draft_dir": "d", **bad})
+    with pytest.raises(PresetError, match="max_draft_rows"):
+        synthesis_preset_from_dict("x", {"model": "cosyvoice3", "max_draft_rows": -1})
+    with pytest.raises(ValueError, match="block drafter"):
+        wrap(make_module("eagle3", toy_parts(), aux=(0, 1, 2), convention="input"),
+             SpeechDraftOptions("dynamic-tree"))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -269,7 +335,7 @@ def test_a_plain_qwen2_target_works_too(kind):
 
     prompt = [5, 17, 33, 2]
     plain = greedy_decode(target, target.start(40), DecodeJob(prompt, rules, 96, 24, sampling=GREEDY))
-    for strategy in STRATEGIES:
+    for strategy in strategies(kind):
         drafter = wrap(module, SpeechDraftOptions(strategy, confidence_threshold=0.4, tree_topk=2, tree_threshold=0.9))
         spec = speculative_decode(target, target.start(40), DecodeJob(prompt, rules, 96, 24, sampling=GREEDY), drafter,
                                   SpecOptions(max_draft=6))

@@ -17,7 +17,7 @@ from specli.core.drafters.llm.base import target_parts
 from specli.core.drafters.llm.speculators import save_speculators
 from specli.core.tree import chain_parents
 from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
-from specli.presets.synthesis import load_synthesis_preset
+from specli.presets.synthesis import load_synthesis_preset, synthesis_preset_from_dict
 from specli.tts.synthesis import SynthesisRequest, build_synthesizer, prepare
 from test_speech_drafters import make_module
 from test_voice_roundtrip import SENTENCES
@@ -78,12 +78,18 @@ def test_replayed_drafts_give_the_ar_tokens(voice: CosyVoiceModel, reference: di
     assert synth.drafter.proposed > 0
 
 
+TREE = {"model": "specli-en", "sampler": "greedy", "strategy": "dynamic-tree", "drafter": "dspark", "draft_dir": "x",
+        "tree_topk": 4, "tree_depth": 4, "max_draft": 16}
+
+
 @pytest.mark.parametrize("preset,kind", [("cosyvoice3-dspark", "dspark"), ("cosyvoice3-dspark-adaptive", "dspark"),
-                                         ("cosyvoice3-eagle3", "eagle3")])
+                                         ("cosyvoice3-eagle3", "eagle3"), ("dynamic-tree", "dspark"),
+                                         ("dynamic-tree", "dflash")])
 def test_fresh_draft_models_give_the_ar_tokens(voice: CosyVoiceModel, reference: dict[str, list[int]],
                                                tmp_path: Path, preset: str, kind: str) -> None:
     draft = save_speculators(make_module(kind, target_parts(voice.lm), seed=2, layers=1), tmp_path / kind)
-    synth = build_synthesizer(load_synthesis_preset(preset), voice, draft=str(draft), sampler="greedy")
+    loaded = synthesis_preset_from_dict("tree", TREE) if preset == "dynamic-tree" else load_synthesis_preset(preset)
+    synth = build_synthesizer(loaded, voice, draft=str(draft), sampler="greedy")
     for r in REQUESTS:
         res = synth.synthesize(r)
         assert list(res.tokens) == reference[r.id], (preset, r.text)

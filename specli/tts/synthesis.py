@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -38,6 +39,7 @@ from specli.core.sampling import SamplerOptions, build_sampler, default_options,
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.core.drafters.llm.loading import SpeechDraftOptions, load_drafter
 from specli.models.cosyvoice.lm import CosyVoiceModel
+from specli.models.cosyvoice.voices import shipped_part
 from specli.models.registry import family
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT, TextTokenizerError
 from specli.core.types import DecodeResult, DecodeStats
@@ -86,8 +88,13 @@ class SynthesisOptions:
     # eagle3 = that kind of drafter from draft_dir; model = any drafter directory (kind read from its config)
     max_draft: int = 8  # most draft tokens per target forward
     ngram: int = 4  # pool: longest suffix matched
-    draft_dir: str = ""  # dspark / dflash / eagle3 / model: drafter directory or a name under $SPECLI_MODELS_DIR
-    draft_options: SpeechDraftOptions = SpeechDraftOptions()  # their strategy (chain, adaptive, sparse-tree, recycling)
+    # dspark / dflash / eagle3 / model: drafter directory, a drafter shipped beside a voice (``specli-en/dspark``)
+    # or a name under $SPECLI_MODELS_DIR
+    draft_dir: str = ""
+    draft_options: SpeechDraftOptions = SpeechDraftOptions()  # their strategy (chain, adaptive, trees, recycling)
+    # batched synthesis drafts only while at most this many requests are in flight (0 = no limit): on the CPU a
+    # drafted batched step is dearer than a plain one (docs/benchmarks/voice-speculative-tree)
+    max_draft_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.drafter not in ("none", "pool", "dspark", "dflash", "eagle3", "model"):
@@ -96,6 +103,12 @@ class SynthesisOptions:
             raise ValueError(f"drafter {self.drafter!r} needs a drafter directory")
         if not 1 <= self.max_draft <= 64 or self.ngram < 1:
             raise ValueError("max_draft must be within 1..64 and ngram >= 1")
+        if self.max_draft_rows < 0:
+            raise ValueError("max_draft_rows must be >= 0 (0 = no limit)")
+
+    def spec_options(self) -> SpecOptions:
+        """The speculation settings of every decode (single or batched)."""
+        return SpecOptions(max_draft=self.max_draft, max_draft_rows=self.max_draft_rows or None)
 
 
 @dataclass(frozen=True)
@@ -166,7 +179,10 @@ class Synthesizer:
             self.drafter = NgramDrafter(pool, eos) if options.sampler.greedy else OwnTokensDrafter(pool, eos)
         elif options.drafter != "none":  # loads the drafter and attaches its layers to the LM
             kind = None if options.drafter == "model" else options.drafter
-            self.drafter = load_drafter(options.draft_dir, model.lm, options.draft_options, kind)
+            local = Path(options.draft_dir).expanduser().is_dir()  # a directory by that path comes first
+            shipped = None if local else shipped_part(options.draft_dir)
+            where = options.draft_dir if shipped is None else str(shipped)
+            self.drafter = load_drafter(where, model.lm, options.draft_options, kind)
 
     def _job(self, request: SynthesisRequest, prep: PreparedRequest, device: torch.device) -> DecodeJob:
         """The decode of one prepared request: its sampler's rules and parameters, its own generator."""
@@ -186,7 +202,7 @@ class Synthesizer:
         if self.drafter is None:
             res = greedy_decode(lm, state, job)
         else:
-            res = speculative_decode(lm, state, job, self.drafter, SpecOptions(max_draft=opts.max_draft))
+            res = speculative_decode(lm, state, job, self.drafter, opts.spec_options())
         return _result(request, prep, res)
 
     def synthesize_batch(self, requests: Sequence[SynthesisRequest], batch_size: int
@@ -211,7 +227,7 @@ class Synthesizer:
         finish_window(self.drafter)  # a request decoded before by synthesize() joins a shared pool
         drafter = None if self.drafter is None else batch_drafter(self.drafter, batch_size)  # one fork a row
         for i, res in decode_all(self.model.lm, jobs, batch_size, longest, drafter=drafter,
-                                 options=SpecOptions(max_draft=self.options.max_draft)):
+                                 options=self.options.spec_options()):
             yield i, _result(requests[i], preps[i], res)
 
     def finish(self) -> None:
@@ -276,5 +292,7 @@ def build_synthesizer(preset: SynthesisPreset, loaded: CosyVoiceModel, draft: st
         drafter, draft_dir = "model", drafter
     model_drafter = drafter not in ("none", "pool")
     strategy = preset.strategy if preset.strategy not in ("ar", "chain") and model_drafter else "chain"
-    dopts = SpeechDraftOptions(strategy, preset.confidence_threshold, preset.tree_topk, preset.tree_threshold)
-    return Synthesizer(loaded, SynthesisOptions(opts, seed, drafter, preset.max_draft, preset.ngram, draft_dir, dopts))
+    dopts = SpeechDraftOptions(strategy, preset.confidence_threshold, preset.tree_topk, preset.tree_threshold,
+                               preset.tree_depth)
+    return Synthesizer(loaded, SynthesisOptions(opts, seed, drafter, preset.max_draft, preset.ngram, draft_dir, dopts,
+                                                preset.max_draft_rows))

@@ -72,3 +72,16 @@ def shipped_voice(name: str) -> Path:
         raise ModelLoadError(f"shipped voice {name!r} is not installed ({directory / SUMS} is missing): "
                              "reinstall specli")
     return verify_voice(directory)
+
+
+def shipped_part(name: str) -> Path | None:
+    """``<voice>/<part>`` (e.g. ``specli-en/dspark``, the drafter shipped beside the voice) as the verified path
+    inside shipped voice ``<voice>``; None when ``name`` does not start with a shipped voice's name. A part the
+    voice's ``SHA256SUMS`` does not list, or that is missing, is a ModelLoadError."""
+    voice, sep, part = name.partition("/")
+    if not sep or voice not in SHIPPED_VOICES or not part:
+        return None
+    directory = shipped_voice(voice)
+    if not any(rel == part or rel.startswith(part.rstrip("/") + "/") for rel in read_sums(directory)):
+        raise ModelLoadError(f"shipped voice {voice!r} has no {part!r} (its {SUMS} lists no such file)")
+    return directory / part

@@ -23,6 +23,7 @@ import math
 import torch
 from torch import nn
 
+from specli.core.device import host_to_device
 from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest, ModelDraftOptions, draft_token, sparse_tree
 from specli.core.drafters.llm.base import (
     DraftLayer,
@@ -36,6 +37,7 @@ from specli.core.drafters.llm.base import (
     init_linear,
     rope,
 )
+from specli.core.drafters.tree_search import DynamicTreeOptions, TreeNodes, add_children
 from specli.core.kv_cache import KVCache
 
 
@@ -118,6 +120,17 @@ class BlockDraftModule(SpeechDraftModule):
         """Predicted acceptance probability of ``slot`` (None: no confidence head)."""
         return None
 
+    def slot_rows(self, base: torch.Tensor, slot: int, prev: torch.Tensor,
+                  table: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft-vocabulary logits ``[m, Vd]`` of ``slot`` after each of ``m`` previous tokens ``prev [m]``
+        (a dynamic tree's level: one row per frontier node; ``table``: :meth:`slot_table`'s). DFlash's slots
+        ignore the previous token."""
+        return base[slot].expand(prev.shape[0], -1)
+
+    def slot_table(self) -> torch.Tensor | None:
+        """What :meth:`slot_rows` may gather its previous-token terms from (DSpark's Markov table); None here."""
+        return None
+
 
 class DFlashModule(BlockDraftModule):
     """DFlash: slot 0 is the pending token, slots 1..B-1 are drafts (independent q per slot)."""
@@ -190,14 +203,19 @@ class BlockDrafter:
     alternatives. Truncation only shortens proposals, so it never changes the output.
     """
 
-    def __init__(self, module: BlockDraftModule, options: ModelDraftOptions = ModelDraftOptions()) -> None:
+    def __init__(self, module: BlockDraftModule, options: ModelDraftOptions = ModelDraftOptions(),
+                 tree: DynamicTreeOptions | None = None) -> None:
         self.module = module.eval()
         self.options = options
+        self.tree = tree  # an EAGLE-2 dynamic tree over the block's slots instead of a chain (None: chain)
+        self._table = None if tree is None else module.slot_table()  # shared by forks; fixed weights at inference
         self._ctx: ContextCache | None = None
 
     def fork(self) -> BlockDrafter:
         """A drafter for another sequence over the same module (its context cache its own)."""
-        return BlockDrafter(self.module, self.options)
+        twin = BlockDrafter(self.module, self.options)
+        twin.tree, twin._table = self.tree, self._table
+        return twin
 
     def start(self, state, prompt: list[int]) -> None:
         self._ctx = ContextCache(self.module, state.cache.max_len + self.module.config.block_size)
@@ -214,7 +232,24 @@ class BlockDrafter:
         hidden = mod.block_hidden(self._ctx.layers_kv(pos), tokens, positions)[0]  # [B, H]
         base = mod.head(hidden)  # [B, Vd]
         first = 0 if cfg.sample_from_anchor else 1
+        if self.tree is not None:
+            return self._dynamic_tree(request, base, first, min(self.tree.depth, cfg.drafts_per_block))
         return self._chain(request, base, hidden, first, min(request.budget, cfg.drafts_per_block))
+
+    def _dynamic_tree(self, request: DraftRequest, base: torch.Tensor, first: int, depth: int) -> DraftProposal:
+        """An EAGLE-2 tree (``core.drafters.tree_search``) over the block's slots: level ``j`` reads slot
+        ``first + j`` once for the whole frontier (DSpark: plus each frontier token's Markov row)."""
+        mod, opts = self.module, self.tree
+        nodes = TreeNodes()
+        frontier, prev = [-1], [request.tokens[-1]]
+        for level in range(depth):
+            rows = mod.slot_rows(base, first + level, host_to_device(prev, torch.long, base.device), self._table)
+            children = add_children(request, nodes, frontier, mod.scatter_full(rows), opts)
+            if not children:
+                break
+            frontier = nodes.frontier(children, opts.topk)
+            prev = [nodes.tokens[i] for i in frontier]
+        return nodes.best(min(opts.total, request.budget)) if nodes.tokens else EMPTY
 
     def _chain(self, request: DraftRequest, base, hidden, first: int, n: int) -> DraftProposal:
         mod, opts = self.module, self.options

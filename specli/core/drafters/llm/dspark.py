@@ -94,6 +94,22 @@ class DSparkModule(BlockDraftModule):
         emb = self.prev_embedding(torch.tensor(prev, device=base.device))
         return base[slot] + self.markov_bias(emb)
 
+    def slot_rows(self, base: torch.Tensor, slot: int, prev: torch.Tensor,
+                  table: torch.Tensor | None = None) -> torch.Tensor:
+        if table is not None:  # [V + 1, Vd]: ids past the vocabulary read the zero row
+            return base[slot] + table[prev.clamp(max=table.shape[0] - 1)]
+        return base[slot] + self.markov_bias(self.prev_embedding(prev))
+
+    @torch.no_grad()
+    def slot_table(self, max_entries: int = 1 << 22) -> torch.Tensor | None:
+        """The Markov bias of every previous token at once, ``[target_vocab + 1, Vd]`` (the last row zeros: ids
+        past the vocabulary), so that a dynamic tree's level is a row gather instead of a rank-``r`` product;
+        None without a Markov head or when the table would hold more than ``max_entries`` values (16 MiB)."""
+        v = self.config.target_vocab
+        if self.markov_head is None or (v + 1) * self.config.draft_vocab > max_entries:
+            return None
+        return self.markov_bias(self.prev_embedding(torch.arange(v + 1, device=self.draft_ids.device))).contiguous()
+
     def slot_confidence(self, hidden: torch.Tensor, slot: int, prev: int) -> float | None:
         emb = self.prev_embedding(torch.tensor(prev, device=hidden.device))
         logit = self.confidence_logit(hidden[slot], emb)

@@ -6,7 +6,8 @@ told apart by config.json) given by path, or a name resolved offline as ``$SPECL
 target's layer-input convention), maps token ids when the directory records another layout, and wraps the
 module for the preset's strategy:
 ``chain`` (plain), ``adaptive`` (confidence truncation), ``sparse-tree`` (alternatives at
-low-confidence slots) or ``recycling`` (rejected tails re-proposed; SpecASR).
+low-confidence slots), ``dynamic-tree`` (an EAGLE-2 tree over a block drafter's slots) or ``recycling``
+(rejected tails re-proposed; SpecASR).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Literal
 
 from specli.core.drafters.base import Drafter, ModelDraftOptions
 from specli.core.drafters.llm.dflash import BlockDraftModule, BlockDrafter
+from specli.core.drafters.tree_search import MAX_TOPK, DynamicTreeOptions
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, Eagle3Module
 from specli.core.drafters.recycling import RecyclingDrafter
 from specli.core.drafters.llm.base import KINDS, SpeechDraftModule, attach_aux_layers
@@ -25,24 +27,33 @@ from specli.core.drafters.llm.specforge import drafter_format, load_specforge_ea
 from specli.core.drafters.llm.speculators import load_speech_drafter
 from specli.errors import ModelLoadError
 
-SpeechStrategy = Literal["chain", "adaptive", "sparse-tree", "recycling"]
-STRATEGIES: tuple[str, ...] = ("chain", "adaptive", "sparse-tree", "recycling")
+SpeechStrategy = Literal["chain", "adaptive", "sparse-tree", "dynamic-tree", "recycling"]
+STRATEGIES: tuple[str, ...] = ("chain", "adaptive", "sparse-tree", "dynamic-tree", "recycling")
 
 
 @dataclass(frozen=True)
 class SpeechDraftOptions:
     """How a loaded block drafter proposes."""
 
-    strategy: SpeechStrategy = "chain"  # chain, adaptive, sparse-tree or recycling
+    strategy: SpeechStrategy = "chain"  # chain, adaptive, sparse-tree, dynamic-tree or recycling
     confidence_threshold: float = 0.3  # adaptive: stop when the predicted survival falls below this
-    tree_topk: int = 2  # sparse-tree: alternatives at each low-confidence slot
+    tree_topk: int = 2  # sparse-tree: alternatives at each low-confidence slot; dynamic-tree: nodes expanded a level
     tree_threshold: float = 0.6  # sparse-tree: slots below this drafter probability get alternatives
+    tree_depth: int = 8  # dynamic-tree: levels (at most the drafter's drafts per block); its nodes: the max draft
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, not {self.strategy!r}")
         if not 0.0 <= self.confidence_threshold < 1.0 or not 0.0 <= self.tree_threshold <= 1.0 or self.tree_topk < 0:
             raise ValueError("thresholds must be within [0, 1) and tree_topk >= 0")
+        if self.strategy == "dynamic-tree" and not (1 <= self.tree_topk <= MAX_TOPK and 1 <= self.tree_depth <= 16):
+            raise ValueError(f"dynamic-tree needs tree_topk within 1..{MAX_TOPK} and tree_depth within 1..16")
+
+    def tree_options(self) -> DynamicTreeOptions | None:
+        """The dynamic tree's shape (None for the other strategies); the request's budget caps its nodes."""
+        if self.strategy != "dynamic-tree":
+            return None
+        return DynamicTreeOptions(depth=self.tree_depth, topk=self.tree_topk, total=64)
 
     def model_options(self) -> ModelDraftOptions:
         return ModelDraftOptions(
@@ -74,9 +85,11 @@ def _checked(path: Path) -> Path:
 def wrap(module: SpeechDraftModule, options: SpeechDraftOptions = SpeechDraftOptions()) -> Drafter:
     """The drafter for a loaded module and a strategy."""
     if isinstance(module, Eagle3Module):
+        if options.strategy == "dynamic-tree":
+            raise ValueError("strategy 'dynamic-tree' needs a block drafter (dspark or dflash), not eagle3")
         drafter: Drafter = Eagle3Drafter(module, options.model_options())
     elif isinstance(module, BlockDraftModule):
-        drafter = BlockDrafter(module, options.model_options())
+        drafter = BlockDrafter(module, options.model_options(), options.tree_options())
     else:
         raise TypeError(f"not a block drafter module: {type(module).__name__}")
     return RecyclingDrafter(drafter) if options.strategy == "recycling" else drafter
@@ -96,4 +109,7 @@ def load_drafter(name_or_dir: str, target, options: SpeechDraftOptions = SpeechD
         attach_aux_layers(target, module.config)
     except ValueError as exc:
         raise ModelLoadError(f"drafter {name_or_dir!r}: {exc}") from exc
-    return wrap(module, options)
+    try:
+        return wrap(module, options)
+    except ValueError as exc:
+        raise ModelLoadError(f"drafter {name_or_dir!r}: {exc}") from exc

@@ -39,7 +39,7 @@ from specli.tts.synthesis import build_synthesizer  # noqa: E402
 
 DRAFTERS = {"dspark": ("chain", 8, ""), "dspark-adaptive": ("adaptive", 8, ""), "dflash": ("chain", 3, ""),
             "eagle3": ("chain", 8, ""),
-            "dspark-tree": ("dynamic-tree", 10, "tree_topk = 4\ntree_depth = 4\nmax_draft_rows = 1\n")}
+            "dspark-tree": ("dynamic-tree", 8, "tree_topk = 3\ntree_depth = 4\nmax_draft_rows = 1\n")}
 # preset name -> (strategy, max draft, more TOML), the chains as the cosyvoice3-* presets, the tree as specli-en-dspark
 
 
@@ -64,11 +64,12 @@ def write_presets(work: Path, voice: Path, drafters: Path, samplers: tuple[str, 
 
 
 def batched(presets: dict[str, Path], texts: Path, voice: Path, sizes: tuple[int, ...], repeat: int,
-            sampler: str) -> dict:
-    """LLM-stage tokens/s of each ``sampler`` preset at each batch size (best of ``repeat`` interleaved passes)."""
+            sampler: str, only: tuple[str, ...] = ()) -> dict:
+    """LLM-stage tokens/s of each ``sampler`` preset (or of ``only``) at each batch size (best of ``repeat``
+    interleaved passes)."""
     requests = [it.request for it in read_items([str(texts)]) if it.request is not None]
     model = load_cosyvoice(str(voice), "float32")
-    names = [n for n in presets if n.endswith(f"-{sampler}")]
+    names = [n for n in presets if n.endswith(f"-{sampler}") and (not only or n in only)]
     best: dict[tuple[str, int], tuple[float, int]] = {}
     for _ in range(repeat + 1):  # the first pass warms up
         for size in sizes:
@@ -102,6 +103,8 @@ def main() -> None:
     ap.add_argument("--audio-presets", default="", help="comma-separated presets for part 3 (default: every one of "
                     "the first sampler but the pool)")
     ap.add_argument("--audio-sentences", type=int, default=0, help="part 3 on the first N sentences (0: all)")
+    ap.add_argument("--batched-presets", default="", help="comma-separated presets for part 2 (default: every one "
+                    "of the first sampler; the AR baseline always)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -123,7 +126,9 @@ def main() -> None:
         report["batch1"].pop("runs")
     if "batched" not in skip:
         sizes = tuple(int(s) for s in args.batch_sizes.split(","))
-        report["batched"] = batched(presets, texts, args.voice, sizes, args.repeat, first)
+        only = tuple(filter(None, args.batched_presets.split(",")))
+        only = only and (f"ar-{first}", *only)
+        report["batched"] = batched(presets, texts, args.voice, sizes, args.repeat, first, only)
     if "audio" not in skip:
         names = [n for n in presets if n.endswith(f"-{first}") and not n.startswith("pool")]
         names = [n for n in args.audio_presets.split(",") if n in presets] or names

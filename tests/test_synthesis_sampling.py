@@ -293,3 +293,28 @@ def test_degenerate_rows_stay_finite():
     assert torch.isfinite(p).all() and torch.allclose(p.sum(-1), torch.ones(4, dtype=torch.float64))
     assert float(p[0, 6561]) == 0.0  # below min length (the other stop ids are merged into it)
     assert top[2] < 6561 and float(p[2, top[2]]) == 0.0  # the only repeated token: the fallback excludes it
+
+
+def test_consecutive_stop_ids_and_one_mask_id_take_the_same_values_as_index_lists():
+    """The fast paths (a slice for consecutive stop ids, a column for one mask id) equal the general ones bitwise."""
+    from specli.core.sampling import _StopMerge, mask_rows
+
+    x = torch.randn(5, 40, generator=torch.Generator().manual_seed(3)) * 4
+    ids = torch.arange(30, 40)
+    for greedy in (True, False):
+        stops = x.index_select(1, ids)  # the general path: index lists
+        want = x.index_fill(1, ids, float("-inf"))
+        want[:, 31] = stops.max(-1).values if greedy else stops.logsumexp(-1)
+        assert torch.equal(_StopMerge(tuple(range(30, 40)), 31, greedy)(x), want)
+        scattered = _StopMerge((30, 33, 39), 33, greedy)(x)  # not consecutive: the index path
+        assert float(scattered[:, [30, 39]].max()) == float("-inf") and torch.equal(scattered[:, 31:33], x[:, 31:33])
+    for flags in ([True] * 5, [False, True, False, True, True]):
+        for ids in ((7,), (7, 9)):
+            want = x.clone()
+            for r, flag in enumerate(flags):
+                if flag:
+                    want[r, list(ids)] = float("-inf")
+            assert torch.equal(mask_rows(x, flags, ids), want)
+    dead = torch.full((2, 4), float("-inf"))
+    dead[:, 1] = 0.0  # every finite logit on the masked id: the row is left as it is
+    assert torch.equal(mask_rows(dead, [True, True], (1,)), dead)

@@ -18,7 +18,7 @@ from specli.cli import main
 from specli.errors import ModelLoadError
 from specli.io.audio import load_audio
 from specli.models.cosyvoice.lm import load_cosyvoice, resolve_cosyvoice
-from specli.models.cosyvoice.voices import read_sums
+from specli.models.cosyvoice.voices import read_sums, shipped_part, shipped_voice
 from specli.tts.acoustic.frontend import Frontend
 from specli.tts.acoustic.pipeline import Vocalizer
 
@@ -31,6 +31,14 @@ def test_every_file_is_listed_and_matches() -> None:
     assert {"llm.pt", "flow.pt", "cosyvoice3.yaml", "speech_tokenizer_v3.onnx",
             "CosyVoice-BlankEN/config.json", "CosyVoice-BlankEN/vocab.json"} <= set(sums)
     assert resolve_cosyvoice(str(VOICE)) == VOICE  # verified against SHA256SUMS
+
+
+def test_the_shipped_drafter_is_listed_and_resolves() -> None:
+    assert {"dspark/config.json", "dspark/model.safetensors"} <= set(read_sums(VOICE))
+    assert shipped_part("specli-en/dspark") == shipped_voice("specli-en") / "dspark"
+    assert shipped_part("not-a-voice/dspark") is None and shipped_part("specli-en") is None
+    with pytest.raises(ModelLoadError, match="has no 'nothing'"):
+        shipped_part("specli-en/nothing")
 
 
 def test_the_files_load_through_the_official_loaders() -> None:

@@ -16,7 +16,7 @@ from specli.commands.synthesize_audio import OutcomeTally, echo_skipped, run_aud
 from specli.tts.synthesis import Synthesizer, load_synthesizer
 from specli.errors import PresetError
 from specli.models.cosyvoice.lm import KNOWN_MODELS
-from specli.models.cosyvoice.voices import SHIPPED_VOICES
+from specli.models.cosyvoice.voices import SHIPPED_VOICES, VOICE_PRESETS
 from specli.presets.synthesis import load_synthesis_preset
 from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
 from specli.tts.acoustic.pipeline import AUDIO_DTYPES
@@ -28,9 +28,11 @@ DEFAULT_VOICE = "specli-en"  # what synthesize speaks with when neither --model 
 
 
 def _default_preset(model: str | None) -> str:
-    """No --model: the shipped voice's preset; a named model or shipped voice: its ``<name>-ar``; a directory: a
-    plain AR preset (RAS)."""
+    """No --model: the shipped voice's preset; a shipped voice: its own (``VOICE_PRESETS``: specli-en-dspark, lossless
+    speculation) or ``<name>-ar``; a named model: ``<name>-ar``; a directory: a plain AR preset (RAS)."""
     model = model or DEFAULT_VOICE
+    if model in VOICE_PRESETS:
+        return VOICE_PRESETS[model]
     return f"{model}-ar" if model in KNOWN_MODELS or model in SHIPPED_VOICES else "cosyvoice2-ar"
 
 
@@ -39,10 +41,11 @@ def _default_preset(model: str | None) -> str:
 @click.option("--text", "texts", multiple=True, help="An utterance to speak (repeatable); ids text_00001, ...")
 @click.option("--model", help="specli-en (the shipped voice, the default), cosyvoice2, cosyvoice3, or a checkpoint "
                               "directory (overrides the preset's).")
-@click.option("--preset", help="Synthesis preset name or TOML file (default: <model>-ar; specli-en-ar without "
-                               "--model).")
+@click.option("--preset", help="Synthesis preset name or TOML file (default: <model>-ar; the shipped voice "
+                               "specli-en: specli-en-dspark, its lossless drafter; specli-en-ar decodes plainly).")
 @click.option("--draft", help="Override the preset's drafter: none, pool, or a DSpark / DFlash / EAGLE-3 drafter "
-                              "directory (speculators or z-lab format; or a name under $SPECLI_MODELS_DIR).")
+                              "directory (speculators or z-lab format; a drafter shipped beside a voice, e.g. "
+                              "specli-en/dspark; or a name under $SPECLI_MODELS_DIR).")
 @click.option("--sampler", type=click.Choice(["ras", "vllm", "greedy"]), help="Override the preset's sampler.")
 @click.option("--temperature", type=float, help="vllm sampler only.")
 @click.option("--top-p", type=float, help="Nucleus mass (ras default 0.8).")

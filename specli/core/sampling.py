@@ -54,6 +54,7 @@ run is reproducible whatever the batch order.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Sequence
@@ -188,12 +189,27 @@ class _StopMerge:
     greedy: bool  # argmax rows: take the max logit instead of the summed mass
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [n, V] logits or log-probs
-        idx = torch.tensor(self.ids, dtype=torch.long, device=x.device)
-        stops = x.index_select(1, idx)  # [n, k]
-        merged = stops.max(-1).values if self.greedy else stops.logsumexp(-1)
-        out = x.index_fill(1, idx, NEG_INF)
+        span = _as_span(self.ids)
+        if span is not None:  # consecutive ids (CosyVoice: every id past the speech codes): slices, no index copies
+            stops = x[:, span]  # [n, k]
+            merged = stops.max(-1).values if self.greedy else stops.logsumexp(-1)
+            out = x.clone()
+            out[:, span] = NEG_INF
+        else:
+            idx = torch.tensor(self.ids, dtype=torch.long, device=x.device)
+            stops = x.index_select(1, idx)  # [n, k]
+            merged = stops.max(-1).values if self.greedy else stops.logsumexp(-1)
+            out = x.index_fill(1, idx, NEG_INF)
         out[:, self.into] = merged
         return out
+
+
+@functools.lru_cache(maxsize=64)
+def _as_span(ids: tuple[int, ...]) -> slice | None:
+    """``ids`` as a slice when they are consecutive and ascending (None otherwise)."""
+    if ids and ids == tuple(range(ids[0], ids[0] + len(ids))):
+        return slice(ids[0], ids[0] + len(ids))
+    return None
 
 
 @dataclass(frozen=True)
@@ -260,10 +276,12 @@ def mask_rows(x: torch.Tensor, rows: Sequence[bool], ids: Sequence[int], fill: f
     flagged = [i for i, flag in enumerate(rows) if flag]
     if not ids or not flagged:
         return x
-    r = torch.tensor(flagged, dtype=torch.long, device=x.device)[:, None]
-    c = torch.tensor(list(ids), dtype=torch.long, device=x.device)[None, :]
     out = x.clone()
-    out[r, c] = fill
+    cols = list(ids) if len(ids) > 1 else ids[0]  # one id (CosyVoice's mask): a column, no index tensors
+    if len(flagged) == x.shape[0]:
+        out[:, cols] = fill
+    else:
+        out[torch.tensor(flagged, dtype=torch.long, device=x.device)[:, None], cols] = fill
     alive = (out > 0).any(-1) if fill == 0.0 else (out > NEG_INF).any(-1)
     return out if bool(alive.all()) else torch.where(alive[:, None], out, x)
 

@@ -66,22 +66,23 @@ def greedy_tree(
     parents: Sequence[int],  # parent of each node, -1 for the root
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Walk along the target's argmax: path length ``[B]``, path nodes ``[B, n]`` (-1 padded), next ``[B]``."""
-    choice = logits.argmax(-1)  # [B, n+1]
+    choice = logits.argmax(-1).tolist()  # [B][n+1]: one readback, then the walk on the host
+    node_tokens = tokens.tolist()  # [B][n]
     b, n = tokens.shape
-    lengths = torch.zeros(b, dtype=torch.long, device=tokens.device)
-    paths = torch.full((b, n), -1, dtype=torch.long, device=tokens.device)
-    nxt = torch.zeros(b, dtype=torch.long, device=tokens.device)
+    lengths, paths, nxt = [0] * b, [[-1] * n for _ in range(b)], [0] * b
     for r in range(b):
         cur, depth = -1, 0
         while True:
-            want = int(choice[r, cur + 1])
-            child = next((i for i in range(n) if parents[i] == cur and int(tokens[r, i]) == want), None)
+            want = choice[r][cur + 1]
+            child = next((i for i in range(n) if parents[i] == cur and node_tokens[r][i] == want), None)
             if child is None:
                 nxt[r] = want
                 break
-            paths[r, depth], depth, cur = child, depth + 1, child
+            paths[r][depth], depth, cur = child, depth + 1, child
         lengths[r] = depth
-    return lengths, paths, nxt
+    dev = tokens.device
+    as_tensor = lambda rows: torch.tensor(rows, dtype=torch.long, device=dev)  # noqa: E731
+    return as_tensor(lengths), as_tensor(paths).reshape(b, n), as_tensor(nxt)
 
 
 def sample_tree(

@@ -22,6 +22,9 @@ SHIPPED_VOICES: MappingProxyType[str, str] = MappingProxyType({
     "specli-en": "English voice trained here (CosyVoice3 layout: 7M-parameter LM, 6M DiT flow, HiFi-GAN V1 "
                  "vocoder, 22.05 kHz; piper joe-us speaking fortunes); synthesize's default",
 })
+# name -> the preset a shipped voice runs with when no --preset is named: its fastest lossless one, chosen by
+# docs/benchmarks/voice-speculative-tree (the same speech tokens as <name>-ar, which stays available)
+VOICE_PRESETS: MappingProxyType[str, str] = MappingProxyType({"specli-en": "specli-en-dspark"})
 SUMS = "SHA256SUMS"
 
 

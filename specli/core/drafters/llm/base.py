@@ -268,10 +268,9 @@ class DraftLayer(nn.Module):
         k, v = self.kv(xn, cos, sin)
         k_all = k if k_pre is None else torch.cat([k_pre, k], 2)
         v_all = v if v_pre is None else torch.cat([v_pre, v], 2)
-        groups = cfg.heads // cfg.kv_heads
-        if groups > 1:
-            k_all, v_all = k_all.repeat_interleave(groups, 1), v_all.repeat_interleave(groups, 1)
-        a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=None if mask is None else mask[:, None])
+        # grouped-query attention inside SDPA (no repeated copies of the context's K/V)
+        a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=None if mask is None else mask[:, None],
+                                           enable_gqa=cfg.heads != cfg.kv_heads)
         h = residual + att.o_proj(a.transpose(1, 2).reshape(b, n, -1))
         return h + self.mlp(self.post_attention_layernorm(h)), k, v
 

@@ -204,18 +204,17 @@ class BlockDrafter:
     """
 
     def __init__(self, module: BlockDraftModule, options: ModelDraftOptions = ModelDraftOptions(),
-                 tree: DynamicTreeOptions | None = None) -> None:
+                 tree: DynamicTreeOptions | None = None, table: torch.Tensor | None = None) -> None:
         self.module = module.eval()
         self.options = options
         self.tree = tree  # an EAGLE-2 dynamic tree over the block's slots instead of a chain (None: chain)
-        self._table = None if tree is None else module.slot_table()  # shared by forks; fixed weights at inference
+        # the tree levels' previous-token terms (module.slot_table, fixed weights at inference; forks share it)
+        self._table = table if table is not None or tree is None else module.slot_table()
         self._ctx: ContextCache | None = None
 
     def fork(self) -> BlockDrafter:
         """A drafter for another sequence over the same module (its context cache its own)."""
-        twin = BlockDrafter(self.module, self.options)
-        twin.tree, twin._table = self.tree, self._table
-        return twin
+        return BlockDrafter(self.module, self.options, self.tree, self._table)
 
     def start(self, state, prompt: list[int]) -> None:
         self._ctx = ContextCache(self.module, state.cache.max_len + self.module.config.block_size)

@@ -39,8 +39,11 @@ from specli.tts.synthesis import build_synthesizer  # noqa: E402
 
 DRAFTERS = {"dspark": ("chain", 8, ""), "dspark-adaptive": ("adaptive", 8, ""), "dflash": ("chain", 3, ""),
             "eagle3": ("chain", 8, ""),
-            "dspark-tree": ("dynamic-tree", 8, "tree_topk = 3\ntree_depth = 4\nmax_draft_rows = 1\n")}
-# preset name -> (strategy, max draft, more TOML), the chains as the cosyvoice3-* presets, the tree as specli-en-dspark
+            "dspark-tree": ("dynamic-tree", 8, "tree_topk = 3\ntree_depth = 4\nmax_draft_rows = 1\n"),
+            "dflash-tree": ("dynamic-tree", 8, "tree_topk = 3\ntree_depth = 3\nmax_draft_rows = 1\n"),
+            "eagle3-tree": ("dynamic-tree", 8, "tree_topk = 3\ntree_depth = 4\nmax_draft_rows = 1\n")}
+# preset name -> (strategy, max draft, more TOML), the chains as the cosyvoice3-* presets, the trees as specli-en-dspark
+# (DFlash's block of 4 drafts 3 positions, so its tree has 3 levels)
 
 
 def write_presets(work: Path, voice: Path, drafters: Path, samplers: tuple[str, ...]) -> dict[str, Path]:

@@ -92,11 +92,12 @@ TREE = {"model": "specli-en", "sampler": "greedy", "strategy": "dynamic-tree", "
 
 @pytest.mark.parametrize("preset,kind", [("cosyvoice3-dspark", "dspark"), ("cosyvoice3-dspark-adaptive", "dspark"),
                                          ("cosyvoice3-eagle3", "eagle3"), ("dynamic-tree", "dspark"),
-                                         ("dynamic-tree", "dflash")])
+                                         ("dynamic-tree", "dflash"), ("dynamic-tree", "eagle3")])
 def test_fresh_draft_models_give_the_ar_tokens(voice: CosyVoiceModel, reference: dict[str, list[int]],
                                                tmp_path: Path, preset: str, kind: str) -> None:
     draft = save_speculators(make_module(kind, target_parts(voice.lm), seed=2, layers=1), tmp_path / kind)
-    loaded = synthesis_preset_from_dict("tree", TREE) if preset == "dynamic-tree" else load_synthesis_preset(preset)
+    loaded = (synthesis_preset_from_dict("tree", {**TREE, "drafter": kind}) if preset == "dynamic-tree"
+              else load_synthesis_preset(preset))
     synth = build_synthesizer(loaded, voice, draft=str(draft), sampler="greedy")
     for r in REQUESTS:
         res = synth.synthesize(r)

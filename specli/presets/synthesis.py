@@ -25,7 +25,7 @@ class SynthesisPreset(PresetBase):
     confidence_threshold: float = 0.3  # adaptive: stop drafting when the predicted survival falls below this
     tree_topk: int = 2  # sparse-tree: alternatives at each low-confidence draft slot; dynamic-tree: nodes expanded a level
     tree_threshold: float = 0.6  # sparse-tree: slots below this drafter probability get alternatives
-    tree_depth: int = 8  # dynamic-tree: levels of the EAGLE-2 tree (at most the drafter's block); max_draft: its nodes
+    tree_depth: int = 8  # dynamic-tree: levels of the EAGLE-2 tree (DSpark/DFlash: at most the block); max_draft: its nodes
     dtype: DType = "float32"  # numeric type of the target
     max_draft: int = 8  # most draft tokens per target forward
     # batched synthesis (--batch-size) drafts only while at most this many requests are in flight: rows that join
@@ -48,10 +48,8 @@ class SynthesisPreset(PresetBase):
             raise bad(f"drafter {self.drafter!r} needs draft_dir (a directory or a name under $SPECLI_MODELS_DIR)")
         if not 0.0 <= self.confidence_threshold < 1.0 or not 0.0 <= self.tree_threshold <= 1.0 or self.tree_topk < 0:
             raise bad("confidence_threshold / tree_threshold must be within [0, 1) and tree_topk an integer >= 0")
-        if self.strategy == "dynamic-tree" and (self.drafter not in ("dspark", "dflash") or not 1 <= self.tree_topk <= 8
-                                                or not 1 <= self.tree_depth <= 16):
-            raise bad("strategy 'dynamic-tree' needs drafter dspark or dflash, tree_topk within 1..8 and tree_depth "
-                      "within 1..16")
+        if self.strategy == "dynamic-tree" and not (1 <= self.tree_topk <= 8 and 1 <= self.tree_depth <= 16):
+            raise bad("strategy 'dynamic-tree' needs tree_topk within 1..8 and tree_depth within 1..16")
         if self.max_draft_rows < 0:
             raise bad("max_draft_rows must be >= 0 (0 = no limit)")
         if not 1 <= self.max_draft <= 24 or self.ngram < 1:

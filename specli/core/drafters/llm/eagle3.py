@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest, ModelDraftOptions, draft_token, sparse_tree
+from specli.core.device import host_to_device
 from specli.core.drafters.llm.dflash import new_block_config
 from specli.core.drafters.llm.base import (
     DraftLayer,
@@ -35,6 +36,7 @@ from specli.core.drafters.llm.base import (
     init_linear,
     rope,
 )
+from specli.core.drafters.tree_search import DynamicTreeOptions, TreeNodes, add_children
 from specli.core.kv_cache import KVCache
 
 MAX_STEPS = 24  # most draft steps per proposal
@@ -110,17 +112,20 @@ def new_eagle3(parts: TargetParts, unroll: int = 7, draft_vocab_ids: torch.Tenso
 
 
 class Eagle3Drafter:
-    """Autoregressive draft steps with an :class:`Eagle3Module`; adaptive length and sparse tree."""
+    """Autoregressive draft steps with an :class:`Eagle3Module`: a chain (adaptive length, sparse tree) or an
+    EAGLE-2 dynamic tree (``tree``: each level one draft-layer forward over the frontier, under a tree mask)."""
 
-    def __init__(self, module: Eagle3Module, options: ModelDraftOptions = ModelDraftOptions()) -> None:
+    def __init__(self, module: Eagle3Module, options: ModelDraftOptions = ModelDraftOptions(),
+                 tree: DynamicTreeOptions | None = None) -> None:
         self.module = module.eval()
         self.options = options
+        self.tree = tree  # an EAGLE-2 dynamic tree instead of a chain (None: chain)
         self._kv: KVCache | None = None
         self._g: torch.Tensor | None = None  # [max_len, H] fused target state of each committed position
 
     def fork(self) -> Eagle3Drafter:
         """A drafter for another sequence over the same module (its caches its own)."""
-        return Eagle3Drafter(self.module, self.options)
+        return Eagle3Drafter(self.module, self.options, self.tree)
 
     def start(self, state, prompt: list[int]) -> None:
         cfg, dev = self.module.config, self.module.parts.device
@@ -161,6 +166,10 @@ class Eagle3Drafter:
         hide_row0 = not mod.config.eagle_zero_row and pos > 0  # SpecForge / SGLang: no key at position 0
         if hidden is None:
             hidden = self._g.new_zeros(1, 1, self._g.shape[1])
+        if self.tree is not None:
+            proposal = self._dynamic_tree(request, pos, hidden, hide_row0)
+            self._kv.crop(pos)
+            return proposal
         for j in range(min(request.budget, MAX_STEPS)):
             n = self._kv.length
             k_pre, v_pre = self._kv.view(0, n)
@@ -190,6 +199,37 @@ class Eagle3Drafter:
                 break
         self._kv.crop(pos)
         return sparse_tree(draft, conf, q_rows, alts, request.budget, opts) if draft else EMPTY
+
+    def _dynamic_tree(self, request: DraftRequest, pos: int, hidden: torch.Tensor, hide_row0: bool) -> DraftProposal:
+        """An EAGLE-2 tree (``core.drafters.tree_search``): level ``j`` is one draft-layer forward over the
+        frontier's rows at position ``pos + j``, each row reading its parent's output and seeing the committed
+        rows plus its own ancestors' draft rows (appended to the cache; the caller crops them)."""
+        mod, opts, dev = self.module, self.tree, self._g.device
+        nodes = TreeNodes()
+        frontier, tokens = [-1], [request.tokens[-1]]  # the rows of this level: their nodes and input tokens
+        seen: list[list[int]] = [[]]  # each row's ancestors' cache slots (its own row excluded)
+        for level in range(min(opts.depth, MAX_STEPS)):
+            n, m = self._kv.length, len(frontier)
+            mask = torch.zeros(1, m, n + m, dtype=torch.bool, device=dev)
+            mask[0, :, :pos] = True
+            if hide_row0:
+                mask[0, :, 0] = False
+            for r, slots in enumerate(seen):
+                mask[0, r, slots + [n + r]] = True
+            k_pre, v_pre = self._kv.view(0, n)
+            out, k, v = mod.step(host_to_device([tokens], torch.long, dev), hidden,
+                                 torch.full((1, m), pos + level, device=dev), k_pre, v_pre, mask)
+            self._kv.write(0, n, k, v)
+            self._kv.length = n + m
+            children = add_children(request, nodes, frontier, mod.scatter_full(mod.head(mod.norm(out))[0]), opts)
+            if not children:
+                break
+            nxt = nodes.frontier(children, opts.topk)
+            rows = [frontier.index(nodes.parents[c]) for c in nxt]  # each new row's parent row in this level
+            frontier, tokens = nxt, [nodes.tokens[c] for c in nxt]
+            seen = [seen[r] + [n + r] for r in rows]
+            hidden = out[:, rows]  # [1, m', H]: the parent's output is the child's hidden input
+        return nodes.best(min(opts.total, request.budget)) if nodes.tokens else EMPTY
 
     def commit(self, tokens: list[int]) -> None:
         """Crop the draft layer's cache to the committed context (everything but the pending token)."""

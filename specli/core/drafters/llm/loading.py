@@ -6,7 +6,7 @@ told apart by config.json) given by path, or a name resolved offline as ``$SPECL
 target's layer-input convention), maps token ids when the directory records another layout, and wraps the
 module for the preset's strategy:
 ``chain`` (plain), ``adaptive`` (confidence truncation), ``sparse-tree`` (alternatives at
-low-confidence slots), ``dynamic-tree`` (an EAGLE-2 tree over a block drafter's slots) or ``recycling``
+low-confidence slots), ``dynamic-tree`` (an EAGLE-2 tree: over a block drafter's slots, or EAGLE-3's draft steps) or ``recycling``
 (rejected tails re-proposed; SpecASR).
 """
 
@@ -85,9 +85,7 @@ def _checked(path: Path) -> Path:
 def wrap(module: SpeechDraftModule, options: SpeechDraftOptions = SpeechDraftOptions()) -> Drafter:
     """The drafter for a loaded module and a strategy."""
     if isinstance(module, Eagle3Module):
-        if options.strategy == "dynamic-tree":
-            raise ValueError("strategy 'dynamic-tree' needs a block drafter (dspark or dflash), not eagle3")
-        drafter: Drafter = Eagle3Drafter(module, options.model_options())
+        drafter: Drafter = Eagle3Drafter(module, options.model_options(), options.tree_options())
     elif isinstance(module, BlockDraftModule):
         drafter = BlockDrafter(module, options.model_options(), options.tree_options())
     else:

@@ -141,7 +141,8 @@ def test_a_one_wide_dynamic_tree_is_the_chain(cv, kind):
             runs = {}
             for name, opts in (("chain", SpeechDraftOptions("chain")),
                                ("tree1", SpeechDraftOptions("dynamic-tree", tree_topk=1, tree_depth=8)),
-                               ("tree3", SpeechDraftOptions("dynamic-tree", tree_topk=3, tree_depth=8))):
+                               ("tree3", SpeechDraftOptions("dynamic-tree", tree_topk=3, tree_depth=8)),
+                               ("widest", SpeechDraftOptions("dynamic-tree", tree_topk=8, tree_depth=16))):
                 runs[name] = Recording(wrap(module, opts))
                 res = _decode(model, rules, params, p, runs[name])
                 assert res.tokens == ref.tokens, (kind, name)

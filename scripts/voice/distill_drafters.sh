@@ -7,6 +7,7 @@
 #
 #   scripts/voice/distill_drafters.sh labels|train|all        (needs: apt-get install -y fortunes fortunes-min wamerican)
 #   DRAFTERS=dspark LAYERS=1 EPOCHS=8 scripts/voice/distill_drafters.sh train   (~35 min on one core)
+#   DRAFTERS=dflash LAYERS=1 EPOCHS=10 ... train; DRAFTERS=eagle3 BLOCK=4 EPOCHS=... train  (the trees' drafters)
 set -e
 cd "$(dirname "$0")/../.."
 W="${SPECLI_VOICE_WORK:-/work/voice}/drafters"
@@ -15,6 +16,7 @@ SENTENCES="${SENTENCES:-2000}"
 EPOCHS="${EPOCHS:-10}"
 SAMPLER="${SAMPLER:-greedy}"
 LAYERS="${LAYERS:-0}"  # draft layers (0: the recipe's; this session's greedy DSpark: LAYERS=1 EPOCHS=8)
+BLOCK="${BLOCK:-0}"  # block size / EAGLE-3 unroll (0: the recipe's: DSpark 8, DFlash 4, EAGLE-3 7)
 RUN="env PYTHONPATH=.:scripts/voice OMP_NUM_THREADS=1 nice -n 19 python"
 mkdir -p "$W"
 
@@ -29,7 +31,7 @@ labels() {  # ~40 min for 2,000 sentences
 train() {  # one drafter after another
     for drafter in ${DRAFTERS:-dspark dflash eagle3}; do
         $RUN -m specli distill train --preset cosyvoice3-ar --model "$VOICE" --drafter "$drafter" --layers "$LAYERS" \
-            --epochs "$EPOCHS" --val "$W/data-$SAMPLER/val" --out "$W/$drafter" "$W/data-$SAMPLER/train"
+            --block "$BLOCK" --epochs "$EPOCHS" --val "$W/data-$SAMPLER/val" --out "$W/$drafter" "$W/data-$SAMPLER/train"
     done
 }
 

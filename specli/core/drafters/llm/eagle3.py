@@ -129,7 +129,8 @@ class Eagle3Drafter:
 
     def start(self, state, prompt: list[int]) -> None:
         cfg, dev = self.module.config, self.module.parts.device
-        n = state.cache.max_len + MAX_STEPS + 2
+        rows = MAX_STEPS if self.tree is None else max(MAX_STEPS, self.tree.slots)  # draft rows past the context
+        n = state.cache.max_len + rows + 2
         self._kv = KVCache(1, 1, cfg.kv_heads, n, cfg.head_dim, torch.float32, dev)
         self._g = torch.zeros(n, cfg.hidden, device=dev)
 

@@ -42,8 +42,10 @@ DRAFTERS = {"dspark": ("chain", 8, ""), "dspark-adaptive": ("adaptive", 8, ""), 
             "dspark-tree": ("dynamic-tree", 8, "tree_topk = 3\ntree_depth = 4\nmax_draft_rows = 1\n"),
             "dflash-tree": ("dynamic-tree", 8, "tree_topk = 3\ntree_depth = 3\nmax_draft_rows = 1\n"),
             "eagle3-tree": ("dynamic-tree", 8, "tree_topk = 3\ntree_depth = 4\nmax_draft_rows = 1\n")}
+DRAFTERS.update({f"{name}-all-rows": (strategy, k, extra.replace("max_draft_rows = 1", "max_draft_rows = 0"))
+                 for name, (strategy, k, extra) in list(DRAFTERS.items()) if name.endswith("-tree")})
 # preset name -> (strategy, max draft, more TOML), the chains as the cosyvoice3-* presets, the trees as specli-en-dspark
-# (DFlash's block of 4 drafts 3 positions, so its tree has 3 levels)
+# (DFlash's block of 4 drafts 3 positions, so its tree has 3 levels); *-all-rows: every batched row drafts
 
 
 def write_presets(work: Path, voice: Path, drafters: Path, samplers: tuple[str, ...]) -> dict[str, Path]:
@@ -108,6 +110,8 @@ def main() -> None:
     ap.add_argument("--audio-sentences", type=int, default=0, help="part 3 on the first N sentences (0: all)")
     ap.add_argument("--batched-presets", default="", help="comma-separated presets for part 2 (default: every one "
                     "of the first sampler; the AR baseline always)")
+    ap.add_argument("--presets", default="", help="comma-separated presets for part 1 (default: every one; the AR "
+                    "baseline always)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -120,11 +124,16 @@ def main() -> None:
     first = samplers[0]
     presets = write_presets(work, args.voice.resolve(), args.drafters.resolve(), samplers)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    asked = {n for flag in (args.presets, args.batched_presets, args.audio_presets) for n in flag.split(",") if n}
+    if asked - set(presets):
+        ap.error(f"no such preset: {', '.join(sorted(asked - set(presets)))} (made: {', '.join(presets)})")
     report: dict = {"voice": str(args.voice), "sentences": len(rows), "threads": args.threads,
                     "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
                     "presets": {k: v.read_text() for k, v in presets.items()}}
     if "batch1" not in skip:
-        opts = SynthesisBenchOptions(tuple(str(p) for p in presets.values()), str(presets[f"ar-{first}"]), args.repeat)
+        only = [f"ar-{first}"] + [n for n in args.presets.split(",") if n in presets and n != f"ar-{first}"]
+        names = only if args.presets else list(presets)
+        opts = SynthesisBenchOptions(tuple(str(presets[n]) for n in names), str(presets[f"ar-{first}"]), args.repeat)
         report["batch1"] = run_synthesis_bench([str(texts)], opts, log)
         report["batch1"].pop("runs")
     if "batched" not in skip:

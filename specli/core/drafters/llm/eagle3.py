@@ -134,54 +134,64 @@ class Eagle3Drafter:
         self._kv = KVCache(1, 1, cfg.kv_heads, n, cfg.head_dim, torch.float32, dev)
         self._g = torch.zeros(n, cfg.hidden, device=dev)
 
-    def _sync(self, request: DraftRequest) -> int:
-        """Write the fused states and the draft rows of newly committed positions; return ``P``."""
+    def _states(self, request: DraftRequest) -> int:
+        """Write the fused target states of newly committed positions; return the pending position ``P``."""
         mod, pos, hid = self.module, len(request.tokens) - 1, request.hidden
         if hid is not None:
             aux = hid.pick(mod.config.target_layers())  # [1, m, H] each
             m = aux[0].shape[1]
             self._g[pos - m : pos] = mod.fuse(torch.cat([a.float() for a in aux], -1))[0]
-        start = self._kv.length
-        if start < pos:
-            dev = self._g.device
-            toks = torch.tensor([request.tokens[start:pos]], device=dev)
-            prev = torch.cat([self._g.new_zeros(1, self._g.shape[1]), self._g[: pos - 1]])[start:pos][None]
-            positions = torch.arange(start, pos, device=dev)[None]
-            mask = torch.ones(pos - start, pos, dtype=torch.bool, device=dev)
-            mask[:, start:] = torch.ones(pos - start, pos - start, dtype=torch.bool, device=dev).tril()
-            k_pre, v_pre = self._kv.view(0, start)
-            _, k, v = mod.step(toks, prev, positions, k_pre, v_pre, mask[None])  # kept: k, v (mask-free)
-            self._kv.write(0, start, k, v)
-            self._kv.length = pos
+        if self._kv.length > pos:
+            self._kv.crop(pos)
         return pos
+
+    def _root(self, request: DraftRequest, pos: int, hide_row0: bool) -> torch.Tensor:
+        """One forward over the rows of the newly committed positions and the pending token's row (``P``: token
+        ``x_P``, state ``g_{P-1}``, both final, so the row stays cached); returns that row's output ``[1, 1, H]``,
+        step 0 of a proposal. Only the pending row's attention matters (the others keep just their K/V)."""
+        mod, dev, start = self.module, self._g.device, self._kv.length
+        toks = host_to_device([request.tokens[start : pos + 1]], torch.long, dev)
+        prev = torch.cat([self._g.new_zeros(1, self._g.shape[1]), self._g[:pos]])[start : pos + 1][None]
+        mask = torch.ones(pos + 1 - start, pos + 1, dtype=torch.bool, device=dev).tril(start)  # causal
+        if hide_row0:
+            mask[-1, 0] = False
+        k_pre, v_pre = self._kv.view(0, start)
+        out, k, v = mod.step(toks, prev, torch.arange(start, pos + 1, device=dev)[None], k_pre, v_pre, mask[None])
+        self._kv.write(0, start, k, v)
+        self._kv.length = pos + 1
+        return out[:, -1:]
 
     @torch.inference_mode()
     def propose(self, request: DraftRequest) -> DraftProposal:
         if request.budget < 1 or self._kv is None:
             return EMPTY
+        pos = self._states(request)
+        hide_row0 = not self.module.config.eagle_zero_row and pos > 0  # SpecForge / SGLang: no key at position 0
+        out = self._root(request, pos, hide_row0)
+        if self.tree is not None:
+            proposal = self._dynamic_tree(request, pos, out, hide_row0)
+        else:
+            proposal = self._chain(request, pos, out, hide_row0)
+        self._kv.crop(pos + 1)
+        return proposal
+
+    def _chain(self, request: DraftRequest, pos: int, out: torch.Tensor, hide_row0: bool) -> DraftProposal:
         mod, opts, dev = self.module, self.options, self._g.device
-        pos = self._sync(request)
         sampled = request.tokens[request.prompt_len :]
         draft, conf, q_rows, alts = [], [], [], []
-        tok, hidden, survival = request.tokens[-1], self._g[pos - 1 : pos][None] if pos else None, 1.0
-        hide_row0 = not mod.config.eagle_zero_row and pos > 0  # SpecForge / SGLang: no key at position 0
-        if hidden is None:
-            hidden = self._g.new_zeros(1, 1, self._g.shape[1])
-        if self.tree is not None:
-            proposal = self._dynamic_tree(request, pos, hidden, hide_row0)
-            self._kv.crop(pos)
-            return proposal
+        survival = 1.0
         for j in range(min(request.budget, MAX_STEPS)):
-            n = self._kv.length
-            k_pre, v_pre = self._kv.view(0, n)
-            mask = None
-            if hide_row0:
-                mask = torch.ones(1, 1, n + 1, dtype=torch.bool, device=dev)
-                mask[..., 0] = False
-            out, k, v = mod.step(torch.tensor([[tok]], device=dev), hidden, torch.tensor([[pos + j]], device=dev),
-                                 k_pre, v_pre, mask)
-            self._kv.write(0, n, k, v)
-            self._kv.length = n + 1
+            if j:  # step j reads the last draft and step j - 1's output
+                n = self._kv.length
+                k_pre, v_pre = self._kv.view(0, n)
+                mask = None
+                if hide_row0:
+                    mask = torch.ones(1, 1, n + 1, dtype=torch.bool, device=dev)
+                    mask[..., 0] = False
+                out, k, v = mod.step(torch.tensor([[draft[-1]]], device=dev), out,
+                                     torch.tensor([[pos + j]], device=dev), k_pre, v_pre, mask)
+                self._kv.write(0, n, k, v)
+                self._kv.length = n + 1
             full = mod.scatter_full(mod.head(mod.norm(out))[0, 0])
             probs = request.filter(full[None], [sampled + draft]).softmax(-1)[0]
             if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
@@ -195,44 +205,45 @@ class Eagle3Drafter:
             conf.append(p)
             q_rows.append(None if request.greedy else probs)
             alts.append(probs.topk(opts.tree_topk + 1).indices.tolist() if opts.tree_topk else [])
-            hidden = out
             if not request.more(conf):
                 break
-        self._kv.crop(pos)
         return sparse_tree(draft, conf, q_rows, alts, request.budget, opts) if draft else EMPTY
 
-    def _dynamic_tree(self, request: DraftRequest, pos: int, hidden: torch.Tensor, hide_row0: bool) -> DraftProposal:
-        """An EAGLE-2 tree (``core.drafters.tree_search``): level ``j`` is one draft-layer forward over the
-        frontier's rows at position ``pos + j``, each row reading its parent's output and seeing the committed
-        rows plus its own ancestors' draft rows (appended to the cache; the caller crops them)."""
+    def _dynamic_tree(self, request: DraftRequest, pos: int, out: torch.Tensor, hide_row0: bool) -> DraftProposal:
+        """An EAGLE-2 tree (``core.drafters.tree_search``): level 0 reads the pending row's output ``out``; level
+        ``j`` is one draft-layer forward over the frontier's rows at position ``pos + j``, each row reading its
+        parent's output and seeing the context (through ``pos``) plus its own ancestors' draft rows (appended to
+        the cache; the caller crops them)."""
         mod, opts, dev = self.module, self.tree, self._g.device
         nodes = TreeNodes()
-        frontier, tokens = [-1], [request.tokens[-1]]  # the rows of this level: their nodes and input tokens
-        seen: list[list[int]] = [[]]  # each row's ancestors' cache slots (its own row excluded)
+        frontier, tokens, hidden = [-1], [], out  # the rows of this level: their nodes, input tokens and states
+        seen: list[list[int]] = [[]]  # each row's ancestors' draft-row cache slots (its own row excluded)
+        n = pos + 1
         for level in range(min(opts.depth, MAX_STEPS)):
-            n, m = self._kv.length, len(frontier)
-            mask = torch.zeros(1, m, n + m, dtype=torch.bool, device=dev)
-            mask[0, :, :pos] = True
-            if hide_row0:
-                mask[0, :, 0] = False
-            for r, slots in enumerate(seen):
-                mask[0, r, slots + [n + r]] = True
-            k_pre, v_pre = self._kv.view(0, n)
-            out, k, v = mod.step(host_to_device([tokens], torch.long, dev), hidden,
-                                 torch.full((1, m), pos + level, device=dev), k_pre, v_pre, mask)
-            self._kv.write(0, n, k, v)
-            self._kv.length = n + m
+            if level:
+                n, m = self._kv.length, len(frontier)
+                mask = torch.zeros(1, m, n + m, dtype=torch.bool, device=dev)
+                mask[0, :, : pos + 1] = True
+                if hide_row0:
+                    mask[0, :, 0] = False
+                for r, slots in enumerate(seen):
+                    mask[0, r, slots + [n + r]] = True
+                k_pre, v_pre = self._kv.view(0, n)
+                out, k, v = mod.step(host_to_device([tokens], torch.long, dev), hidden,
+                                     torch.full((1, m), pos + level, device=dev), k_pre, v_pre, mask)
+                self._kv.write(0, n, k, v)
+                self._kv.length = n + m
             children = add_children(request, nodes, frontier, mod.scatter_full(mod.head(mod.norm(out))[0]), opts)
             if not children:
                 break
             nxt = nodes.frontier(children, opts.topk)
             rows = [frontier.index(nodes.parents[c]) for c in nxt]  # each new row's parent row in this level
             frontier, tokens = nxt, [nodes.tokens[c] for c in nxt]
-            seen = [seen[r] + [n + r] for r in rows]
+            seen = [seen[r] + [n + r] if level else [] for r in rows]
             hidden = out[:, rows]  # [1, m', H]: the parent's output is the child's hidden input
         return nodes.best(min(opts.total, request.budget)) if nodes.tokens else EMPTY
 
     def commit(self, tokens: list[int]) -> None:
-        """Crop the draft layer's cache to the committed context (everything but the pending token)."""
+        """Crop the draft layer's cache to the committed context (the pending token's row may stay: it is final)."""
         if self._kv is not None and self._kv.length > len(tokens) - 1:
             self._kv.crop(len(tokens) - 1)

@@ -11,7 +11,7 @@ English, the ``whisper-base-ar`` preset), word error rate after Whisper's Englis
   tokenizer hears in piper's audio), so the flow is judged apart from the LM;
 - ``specli``: ``specli synthesize`` with the voice (text -> LM -> flow -> vocoder), run as a subprocess with
   ``--jsonl -``, whose per-stage seconds give the real-time factor of the LLM, flow and vocoder stages; with
-  the shipped name (``--voice specli-en``, the default) that is synthesize's default (preset specli-en-dspark,
+  the shipped name (``--voice specli-en``, the default) that is synthesize's default (preset specli-en-dflash,
   greedy, the same tokens as specli-en-ar), with a directory the plain AR preset (RAS).
 
 Writes ``report.json``, ``README.md`` and ``mel.png`` (piper's and specli's log-mel of one sentence) to

@@ -34,9 +34,9 @@ def test_every_file_is_listed_and_matches() -> None:
 
 
 def test_the_shipped_drafter_is_listed_and_resolves() -> None:
-    assert {"dspark/config.json", "dspark/model.safetensors"} <= set(read_sums(VOICE))
-    assert shipped_part("specli-en/dspark") == shipped_voice("specli-en") / "dspark"
-    assert shipped_part("not-a-voice/dspark") is None and shipped_part("specli-en") is None
+    assert {"dflash/config.json", "dflash/model.safetensors"} <= set(read_sums(VOICE))
+    assert shipped_part("specli-en/dflash") == shipped_voice("specli-en") / "dflash"
+    assert shipped_part("not-a-voice/dflash") is None and shipped_part("specli-en") is None
     with pytest.raises(ModelLoadError, match="has no 'nothing'"):
         shipped_part("specli-en/nothing")
 

@@ -62,7 +62,7 @@ def test_three_held_out_sentences_read_back_within_the_bound(tmp_path: Path) -> 
     assert res.exit_code == 0, res.stderr
     records = [json.loads(line) for line in res.stdout.splitlines()]
     assert [r["sample_rate"] for r in records] == [22050] * 3
-    assert sum(r["stats"]["accepted"] for r in records) > 0  # the default (specli-en-dspark) drafts, losslessly
+    assert sum(r["stats"]["accepted"] for r in records) > 0  # the default (specli-en-dflash) drafts, losslessly
     outcomes = transcribe([out], preset="whisper-base-ar", options=TranscribeOptions(language="en"))
     heard = {o.path.stem: o.result.text for o in outcomes if o.result is not None}
     counts = sum((error_counts(ref, heard.get(f"lines_{i:05d}", ""), "en") for i, ref in enumerate(SENTENCES, 1)),

@@ -1,9 +1,9 @@
 """Speculative synthesis on the shipped voice specli-en (real weights, held-out sentences): greedy speculative
-decoding gives AR's speech tokens, token for token, whatever the drafter proposes. Drafters: the DSpark drafter shipped
-beside the voice (preset specli-en-dspark: dynamic trees; also as a chain and adaptive, and batched), one that replays
+decoding gives AR's speech tokens, token for token, whatever the drafter proposes. Drafters: the DFlash drafter shipped
+beside the voice (preset specli-en-dflash: dynamic trees; also as a chain and adaptive, and batched), one that replays
 AR's own tokens (always right: every step accepts the whole chain and takes the bonus token), one that proposes a wrong
 token at every position (always wrong: every step is the target's own token), freshly initialised DSpark (chain,
-adaptive, dynamic tree), DFlash (dynamic tree) and EAGLE-3 modules on the voice's LM (mostly wrong, through the real
+adaptive, dynamic tree), DFlash and EAGLE-3 (chain, dynamic tree) modules on the voice's LM (mostly wrong, through the real
 draft-model code), and the n-gram pool."""
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def test_fresh_draft_models_give_the_ar_tokens(voice: CosyVoiceModel, reference:
 
 
 def test_the_shipped_drafter_gives_the_ar_tokens(voice: CosyVoiceModel, reference: dict[str, list[int]]) -> None:
-    """specli-en-dspark: the DSpark drafter shipped beside the voice, in dynamic trees (and as a chain, adaptive)."""
-    preset = load_synthesis_preset("specli-en-dspark")
+    """specli-en-dflash: the DFlash drafter shipped beside the voice, in dynamic trees (and as a chain, adaptive)."""
+    preset = load_synthesis_preset("specli-en-dflash")
     for strategy in ("dynamic-tree", "chain", "adaptive"):
         synth = build_synthesizer(replace(preset, strategy=strategy), voice)
         accepted = 0
@@ -156,7 +156,7 @@ def test_the_shipped_drafter_keeps_the_sampled_distribution(voice: CosyVoiceMode
     token stays within the TV bound of the target's exact distribution (delta 1e-6; measured TV 0.03-0.04 here);
     a verifier that accepts every draft leaves it (power; with the toy targets, test_speech_drafters also catches
     one that resamples from p instead of the residual, a distortion of ~0.18 here, too close to this bound)."""
-    synth = build_synthesizer(load_synthesis_preset("specli-en-dspark"), voice, sampler=sampler)
+    synth = build_synthesizer(load_synthesis_preset("specli-en-dflash"), voice, sampler=sampler)
     request = REQUESTS[0]
     p = _first_token_p(voice, synth, request)
     assert int((p > 0).sum()) > 3  # a real choice: the check has something to get wrong

@@ -1,7 +1,9 @@
 """``specli bench`` for synthesis presets: text -> speech tokens, interleaved, against an AR baseline.
 
-Each pass runs every utterance through every preset in turn (baseline first); pool drafters are
-rebuilt per pass. The report reuses :mod:`specli.bench.report` (``Run`` records, median-wall repeat,
+Each pass runs every utterance through every preset in turn, the first preset rotating from one utterance to the
+next: oneDNN builds its kernels for each new input length, so whoever renders a length first pays for it (~30% of a
+HiFi-GAN call on a 2-3 s utterance on an AVX2 EPYC) and a fixed order would charge it to one preset. Pool drafters
+are rebuilt per pass. The report reuses :mod:`specli.bench.report` (``Run`` records, median-wall repeat,
 acceptance and speedups) and adds the exactness column:
 
 - greedy presets: tokens identical to the AR preset of the same model (greedy);
@@ -82,8 +84,9 @@ def run_synthesis_bench(inputs: Sequence[str], opts: SynthesisBenchOptions,
     for rep in range(-1 if opts.warmup else 0, opts.repeat):
         synths = [(p, (opts.model or p.model, p.dtype)) for p in presets]
         synths = [(p, key, build_synthesizer(p, models[key], seed=opts.seed)) for p, key in synths]
-        for req in requests:
-            for p, key, synth in synths:
+        for i, req in enumerate(requests):
+            turn = (i + rep + 1) % len(synths)  # who goes first rotates (see the module's docstring)
+            for p, key, synth in synths[turn:] + synths[:turn]:
                 run = _measure(p, synth, vocalizers.get(key), req, rep, opts.seed, progress)
                 if run is not None and rep >= 0:
                     runs.append(run)

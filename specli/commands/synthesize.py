@@ -28,7 +28,7 @@ DEFAULT_VOICE = "specli-en"  # what synthesize speaks with when neither --model 
 
 
 def _default_preset(model: str | None) -> str:
-    """No --model: the shipped voice's preset; a shipped voice: its own (``VOICE_PRESETS``: specli-en-dspark, lossless
+    """No --model: the shipped voice's preset; a shipped voice: its own (``VOICE_PRESETS``: specli-en-dflash, lossless
     speculation) or ``<name>-ar``; a named model: ``<name>-ar``; a directory: a plain AR preset (RAS)."""
     model = model or DEFAULT_VOICE
     if model in VOICE_PRESETS:
@@ -42,10 +42,10 @@ def _default_preset(model: str | None) -> str:
 @click.option("--model", help="specli-en (the shipped voice, the default), cosyvoice2, cosyvoice3, or a checkpoint "
                               "directory (overrides the preset's).")
 @click.option("--preset", help="Synthesis preset name or TOML file (default: <model>-ar; the shipped voice "
-                               "specli-en: specli-en-dspark, its lossless drafter; specli-en-ar decodes plainly).")
+                               "specli-en: specli-en-dflash, its lossless drafter; specli-en-ar decodes plainly).")
 @click.option("--draft", help="Override the preset's drafter: none, pool, or a DSpark / DFlash / EAGLE-3 drafter "
                               "directory (speculators or z-lab format; a drafter shipped beside a voice, e.g. "
-                              "specli-en/dspark; or a name under $SPECLI_MODELS_DIR).")
+                              "specli-en/dflash; or a name under $SPECLI_MODELS_DIR).")
 @click.option("--sampler", type=click.Choice(["ras", "vllm", "greedy"]), help="Override the preset's sampler.")
 @click.option("--temperature", type=float, help="vllm sampler only.")
 @click.option("--top-p", type=float, help="Nucleus mass (ras default 0.8).")

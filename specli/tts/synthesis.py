@@ -88,7 +88,7 @@ class SynthesisOptions:
     # eagle3 = that kind of drafter from draft_dir; model = any drafter directory (kind read from its config)
     max_draft: int = 8  # most draft tokens per target forward
     ngram: int = 4  # pool: longest suffix matched
-    # dspark / dflash / eagle3 / model: drafter directory, a drafter shipped beside a voice (``specli-en/dspark``)
+    # dspark / dflash / eagle3 / model: drafter directory, a drafter shipped beside a voice (``specli-en/dflash``)
     # or a name under $SPECLI_MODELS_DIR
     draft_dir: str = ""
     draft_options: SpeechDraftOptions = SpeechDraftOptions()  # their strategy (chain, adaptive, trees, recycling)

@@ -24,7 +24,7 @@ SHIPPED_VOICES: MappingProxyType[str, str] = MappingProxyType({
 })
 # name -> the preset a shipped voice runs with when no --preset is named: its fastest lossless one, chosen by
 # docs/benchmarks/voice-speculative-tree (the same speech tokens as <name>-ar, which stays available)
-VOICE_PRESETS: MappingProxyType[str, str] = MappingProxyType({"specli-en": "specli-en-dspark"})
+VOICE_PRESETS: MappingProxyType[str, str] = MappingProxyType({"specli-en": "specli-en-dflash"})
 SUMS = "SHA256SUMS"
 
 
@@ -78,7 +78,7 @@ def shipped_voice(name: str) -> Path:
 
 
 def shipped_part(name: str) -> Path | None:
-    """``<voice>/<part>`` (e.g. ``specli-en/dspark``, the drafter shipped beside the voice) as the verified path
+    """``<voice>/<part>`` (e.g. ``specli-en/dflash``, the drafter shipped beside the voice) as the verified path
     inside shipped voice ``<voice>``; None when ``name`` does not start with a shipped voice's name. A part the
     voice's ``SHA256SUMS`` does not list, or that is missing, is a ModelLoadError."""
     voice, sep, part = name.partition("/")

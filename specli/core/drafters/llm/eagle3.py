@@ -149,17 +149,24 @@ class Eagle3Drafter:
         """One forward over the rows of the newly committed positions and the pending token's row (``P``: token
         ``x_P``, state ``g_{P-1}``, both final, so the row stays cached); returns that row's output ``[1, 1, H]``,
         step 0 of a proposal. Only the pending row's attention matters (the others keep just their K/V)."""
-        mod, dev, start = self.module, self._g.device, self._kv.length
+        dev, start = self._g.device, self._kv.length
         toks = host_to_device([request.tokens[start : pos + 1]], torch.long, dev)
         prev = torch.cat([self._g.new_zeros(1, self._g.shape[1]), self._g[:pos]])[start : pos + 1][None]
         mask = torch.ones(pos + 1 - start, pos + 1, dtype=torch.bool, device=dev).tril(start)  # causal
         if hide_row0:
             mask[-1, 0] = False
-        k_pre, v_pre = self._kv.view(0, start)
-        out, k, v = mod.step(toks, prev, torch.arange(start, pos + 1, device=dev)[None], k_pre, v_pre, mask[None])
-        self._kv.write(0, start, k, v)
-        self._kv.length = pos + 1
-        return out[:, -1:]
+        return self._append(toks, prev, torch.arange(start, pos + 1, device=dev)[None], mask[None])[:, -1:]
+
+    def _append(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Draft-layer rows ``[embed(tokens); hidden]`` (``[1, m]``, ``[1, m, H]``) over the cached rows, their K/V
+        appended to the cache; ``mask [1, m, n + m]`` (None: all visible). Returns their outputs ``[1, m, H]``."""
+        n = self._kv.length
+        k_pre, v_pre = self._kv.view(0, n)
+        out, k, v = self.module.step(tokens, hidden, positions, k_pre, v_pre, mask)
+        self._kv.write(0, n, k, v)
+        self._kv.length = n + tokens.shape[1]
+        return out
 
     @torch.inference_mode()
     def propose(self, request: DraftRequest) -> DraftProposal:
@@ -182,16 +189,12 @@ class Eagle3Drafter:
         survival = 1.0
         for j in range(min(request.budget, MAX_STEPS)):
             if j:  # step j reads the last draft and step j - 1's output
-                n = self._kv.length
-                k_pre, v_pre = self._kv.view(0, n)
                 mask = None
                 if hide_row0:
-                    mask = torch.ones(1, 1, n + 1, dtype=torch.bool, device=dev)
+                    mask = torch.ones(1, 1, self._kv.length + 1, dtype=torch.bool, device=dev)
                     mask[..., 0] = False
-                out, k, v = mod.step(torch.tensor([[draft[-1]]], device=dev), out,
-                                     torch.tensor([[pos + j]], device=dev), k_pre, v_pre, mask)
-                self._kv.write(0, n, k, v)
-                self._kv.length = n + 1
+                out = self._append(torch.tensor([[draft[-1]]], device=dev), out, torch.tensor([[pos + j]], device=dev),
+                                   mask)
             full = mod.scatter_full(mod.head(mod.norm(out))[0, 0])
             probs = request.filter(full[None], [sampled + draft]).softmax(-1)[0]
             if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
@@ -218,21 +221,17 @@ class Eagle3Drafter:
         nodes = TreeNodes()
         frontier, tokens, hidden = [-1], [], out  # the rows of this level: their nodes, input tokens and states
         seen: list[list[int]] = [[]]  # each row's ancestors' draft-row cache slots (its own row excluded)
-        n = pos + 1
         for level in range(min(opts.depth, MAX_STEPS)):
+            n, m = self._kv.length, len(frontier)  # this level's rows go to cache slots n .. n + m - 1
             if level:
-                n, m = self._kv.length, len(frontier)
                 mask = torch.zeros(1, m, n + m, dtype=torch.bool, device=dev)
                 mask[0, :, : pos + 1] = True
                 if hide_row0:
                     mask[0, :, 0] = False
                 for r, slots in enumerate(seen):
                     mask[0, r, slots + [n + r]] = True
-                k_pre, v_pre = self._kv.view(0, n)
-                out, k, v = mod.step(host_to_device([tokens], torch.long, dev), hidden,
-                                     torch.full((1, m), pos + level, device=dev), k_pre, v_pre, mask)
-                self._kv.write(0, n, k, v)
-                self._kv.length = n + m
+                out = self._append(host_to_device([tokens], torch.long, dev), hidden,
+                                   torch.full((1, m), pos + level, device=dev), mask)
             children = add_children(request, nodes, frontier, mod.scatter_full(mod.head(mod.norm(out))[0]), opts)
             if not children:
                 break

@@ -44,7 +44,7 @@ DRAFTERS = {"dspark": ("chain", 8, ""), "dspark-adaptive": ("adaptive", 8, ""), 
             "eagle3-tree": ("dynamic-tree", 8, "tree_topk = 3\ntree_depth = 4\nmax_draft_rows = 1\n")}
 DRAFTERS.update({f"{name}-all-rows": (strategy, k, extra.replace("max_draft_rows = 1", "max_draft_rows = 0"))
                  for name, (strategy, k, extra) in list(DRAFTERS.items()) if name.endswith("-tree")})
-# preset name -> (strategy, max draft, more TOML), the chains as the cosyvoice3-* presets, the trees as specli-en-dspark
+# preset name -> (strategy, max draft, more TOML), the chains as the cosyvoice3-* presets, the trees as specli-en-dflash
 # (DFlash's block of 4 drafts 3 positions, so its tree has 3 levels); *-all-rows: every batched row drafts
 
 

@@ -38,11 +38,6 @@ KINDS = ("dspark", "dflash", "eagle3")
 STRATEGIES = ("chain", "adaptive", "sparse-tree", "dynamic-tree", "recycling")
 
 
-def strategies(kind: str) -> list[str]:
-    """The strategies a drafter kind supports (every kind: all of them)."""
-    return list(STRATEGIES)
-
-
 def make_module(kind: str, parts: TargetParts, vocab_ids=None, seed: int = 0, aux=None, convention=None, layers=2):
     kw = {"draft_vocab_ids": vocab_ids, "seed": seed}
     if aux is not None:
@@ -88,7 +83,7 @@ def test_greedy_is_token_identical_in_every_strategy(cv, kind):
     for full_vocab in (True, False):
         module = make_module(kind, parts, None if full_vocab else vocab, seed=1)
         attach_aux_layers(lm, module.config)
-        for strategy in strategies(kind):
+        for strategy in STRATEGIES:
             opts = SpeechDraftOptions(strategy, confidence_threshold=0.5, tree_topk=2, tree_threshold=0.9,
                                       tree_depth=3)
             for p, ref in zip(prompts, plain):
@@ -122,7 +117,7 @@ class Recording:
 def test_a_one_wide_dynamic_tree_is_the_chain(cv, kind):
     """A dynamic tree expanding one node a level proposes exactly the chain (its levels read the slots the chain
     drafts from: DSpark's Markov table rows equal the per-token Markov bias; EAGLE-3's rows see their ancestors
-    under the tree mask as the chain's steps see the cache); a wider tree proposes more nodes."""
+    under the tree mask as the chain's steps see the cache); a wider tree branches."""
     model, rules, params, prompts = cv
     lm = model.lm
     lm.qwen.aux_layers = ()
@@ -272,7 +267,7 @@ def test_toy_greedy_with_adaptive_truncation_equals_ar():
         prompt = [seed % 5, 2]
         plain = greedy_decode(target, target.start(), DecodeJob(prompt, sampling.rules, EOS, 12))
         for kind in KINDS:
-            for strategy in strategies(kind):
+            for strategy in STRATEGIES:
                 spec = speculative_decode(target, target.start(),
                                           DecodeJob(prompt, sampling.rules, EOS, 12, sampling=sampling.params),
                                           toy_drafter(kind, strategy), SpecOptions(max_draft=4))
@@ -336,7 +331,7 @@ def test_a_plain_qwen2_target_works_too(kind):
 
     prompt = [5, 17, 33, 2]
     plain = greedy_decode(target, target.start(40), DecodeJob(prompt, rules, 96, 24, sampling=GREEDY))
-    for strategy in strategies(kind):
+    for strategy in STRATEGIES:
         drafter = wrap(module, SpeechDraftOptions(strategy, confidence_threshold=0.4, tree_topk=2, tree_threshold=0.9))
         spec = speculative_decode(target, target.start(40), DecodeJob(prompt, rules, 96, 24, sampling=GREEDY), drafter,
                                   SpecOptions(max_draft=6))

@@ -1,11 +1,15 @@
 """Tiny random CosyVoice2 / CosyVoice3 checkpoints in the official directory layout (offline).
 
-``write_checkpoint(dir, kind)`` writes ``llm.pt`` (official key names), ``cosyvoice{2,3}.yaml``
-(HyperPyYAML tags as published, including ``!apply`` seeds and ``!ref`` arithmetic) and
+``write_checkpoint(dir, kind)`` writes ``llm.pt`` (official key names), ``cosyvoice{2,3}.yaml`` and
 ``CosyVoice-BlankEN/`` (a Qwen2 ``config.json`` and a tiny byte-level BPE tokenizer with Qwen's
 ``<|endoftext|>`` / ``<|im_start|>`` / ``<|im_end|>``; CosyVoice's own special tokens such as
 ``<|endofprompt|>`` are added at load time, as upstream does). ``boost`` makes one speech id
 dominate every step (to exercise stop rules).
+
+The yaml has every top-level entry of upstream's ``cosyvoice{2,3}.yaml`` (HyperPyYAML tags as published,
+``!apply`` seeds, ``!ref`` arithmetic): the llm, the tiny flow and HiFT of :mod:`flow_fixtures` (whose weights
+:func:`flow_fixtures.write_audio_checkpoint` adds), the GAN training wrapper ``hifigan`` around ``!ref <hift>``
+with its discriminators and mel transform, the data-pipeline functions and pipelines, and both train confs.
 """
 
 from __future__ import annotations
@@ -14,18 +18,23 @@ import json
 from pathlib import Path
 
 import torch
+from flow_fixtures import TINY_CV2_FLOW_YAML, TINY_FLOW_YAML, hift_yaml
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 HIDDEN = 32
 TEXT_VOCAB = 576  # rows of embed_tokens (>= the tokenizer with CosyVoice3's ~280 special tokens)
 
-_YAML = """\
-# set random seed, so that you may reproduce your result.
+# The yaml of a released CosyVoice2/3 directory, entry for entry (the top-level keys and tag classes of upstream's
+# examples/libritts/cosyvoice{2,3}/conf/cosyvoice{2,3}.yaml, FunAudioLLM/CosyVoice@ace7c47), with tiny model sizes.
+# Besides what inference reads (llm, flow, hift, feat_extractor) it holds what training reads: the GAN wrapper around
+# the vocoder with its discriminators and mel transform, the data-pipeline functions and both train confs.
+_HEAD = """\
+# seeds upstream's loader would set while building the file (a safe reader only records them)
 __set_seed1: !apply:random.seed [1986]
 __set_seed2: !apply:numpy.random.seed [1986]
 __set_seed3: !apply:torch.manual_seed [1986]
+__set_seed4: !apply:torch.cuda.manual_seed_all [1986]
 
-# fixed params
 sample_rate: 24000
 llm_input_size: {hidden}
 llm_output_size: {hidden}
@@ -33,8 +42,10 @@ spk_embed_dim: 192
 qwen_pretrain_path: ''
 token_frame_rate: 25
 token_mel_ratio: 2
+chunk_size: {chunk}  # tokens per streaming chunk (tiny: the tiny flows' chunks)
+num_decoding_left_chunks: -1
 
-llm: !new:cosyvoice.llm.llm.{cls}
+llm: !new:cosyvoice.llm.llm.{llm}
     llm_input_size: !ref <llm_input_size>
     llm_output_size: !ref <llm_output_size>
     speech_token_size: 6561
@@ -49,35 +60,130 @@ llm: !new:cosyvoice.llm.llm.{cls}
         win_size: 10
         tau_r: 0.1
 
-flow: !new:cosyvoice.flow.flow.{flow}
-    input_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    vocab_size: 6561
-    input_frame_rate: !ref <token_frame_rate>
-    token_mel_ratio: !ref <token_mel_ratio>
-    static_chunk_size: !ref <token_frame_rate> * <token_mel_ratio>
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
+"""
 
+_MEL = """\
+    n_fft: 1920
+    num_mels: 80
+    sampling_rate: !ref <sample_rate>
+    hop_size: 480
+    win_size: 1920
+    fmin: 0
+    fmax: {fmax}
+    center: False
+"""
+
+# training only: the vocoder inside its GAN wrapper, the discriminators, the mel the GAN loss compares
+_GAN = """\
+mel_spec_transform1: !name:matcha.utils.audio.mel_spectrogram
+{mel}hifigan: !new:cosyvoice.hifigan.hifigan.HiFiGan
+    generator: !ref <hift>
+    discriminator: !new:cosyvoice.hifigan.discriminator.MultipleDiscriminator
+        mpd: !new:matcha.hifigan.models.MultiPeriodDiscriminator
+        mrd: !new:cosyvoice.hifigan.discriminator.MultiResSpecDiscriminator
+    mel_spec_transform: [!ref <mel_spec_transform1>]
+
+""".format(mel=_MEL.format(fmax="null"))
+
+# the data pipeline's functions (bound, never called at inference), then the two pipelines and the train confs
+_DATA = """\
+parquet_opener: !name:cosyvoice.dataset.processor.parquet_opener
 get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
     token_path: !ref <qwen_pretrain_path>
     skip_special_tokens: True
+{tokenizer_version}allowed_special: 'all'
+tokenize: !name:cosyvoice.dataset.processor.tokenize
+    get_tokenizer: !ref <get_tokenizer>
+    allowed_special: !ref <allowed_special>
+filter: !name:cosyvoice.dataset.processor.filter
+    max_length: 6000
+    min_length: 100
+    token_max_length: 200
+    token_min_length: 1
+resample: !name:cosyvoice.dataset.processor.resample
+    resample_rate: !ref <sample_rate>
+truncate: !name:cosyvoice.dataset.processor.truncate
+    truncate_length: {truncate}  # a whole number of mel hops (and of tokens)
 feat_extractor: !name:matcha.utils.audio.mel_spectrogram
-    n_fft: 1920
-    sampling_rate: !ref <sample_rate>
-data_pipeline: [
-    !ref <feat_extractor>,
-    !ref <get_tokenizer>,
-]
-train_conf:
+{mel}compute_fbank: !name:cosyvoice.dataset.processor.compute_fbank
+    feat_extractor: !ref <feat_extractor>
+    num_frames: 960
+compute_whisper_fbank: !name:cosyvoice.dataset.processor.compute_whisper_fbank
+    num_frames: 960
+compute_f0: !name:cosyvoice.dataset.processor.compute_f0
+    sample_rate: !ref <sample_rate>
+    hop_size: 480
+parse_embedding: !name:cosyvoice.dataset.processor.parse_embedding
+    normalize: True
+shuffle: !name:cosyvoice.dataset.processor.shuffle
+    shuffle_size: 1000
+sort: !name:cosyvoice.dataset.processor.sort
+    sort_size: 500
+batch: !name:cosyvoice.dataset.processor.batch
+    batch_type: 'dynamic'
+    max_frames_in_batch: 2000
+padding: !name:cosyvoice.dataset.processor.padding
+    use_spk_embedding: False
+
+data_pipeline: [!ref <parquet_opener>, !ref <tokenize>, !ref <filter>, !ref <resample>, !ref <compute_fbank>,
+                !ref <parse_embedding>, !ref <compute_whisper_fbank>, !ref <shuffle>, !ref <sort>, !ref <batch>,
+                !ref <padding>]
+data_pipeline_gan: [!ref <parquet_opener>, !ref <tokenize>, !ref <filter>, !ref <resample>, !ref <truncate>,
+                    !ref <compute_fbank>, !ref <compute_f0>, !ref <parse_embedding>, !ref <shuffle>, !ref <sort>,
+                    !ref <batch>, !ref <padding>]
+
+train_conf:  # LLM and flow
     optim: adam
     optim_conf:
         lr: 1e-5
+    scheduler: constantlr
+    scheduler_conf:
+        warmup_steps: 2500
+    max_epoch: 200
+    grad_clip: 5
+    accum_grad: 2
+    log_interval: 100
+    save_per_step: -1
+train_conf_gan:  # the vocoder (generator and discriminator)
+    optim: adam
+    optim_conf:
+        lr: 0.0002
+    scheduler: constantlr
+    optim_d: adam
+    optim_conf_d:
+        lr: 0.0002
+    scheduler_d: constantlr
+    max_epoch: 200
+    grad_clip: 5
+    accum_grad: 1
+    log_interval: 100
+    save_per_step: -1
 """
+
+CHUNK_SIZE = 4  # top-level chunk_size: the tiny flows' 4-token (8-frame) chunks, referenced as upstream does
+
+
+def _flow_yaml(kind: str) -> str:
+    """The tiny ``flow:`` entry of ``kind`` (:mod:`flow_fixtures`) with its chunk sizes as upstream's ``!ref``."""
+    cv3 = kind == "cosyvoice3"
+    text = TINY_FLOW_YAML if cv3 else TINY_CV2_FLOW_YAML
+    subs = [("            static_chunk_size: 8\n", "            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>\n"),
+            ("            num_decoding_left_chunks: -1\n", "            num_decoding_left_chunks: !ref <num_decoding_left_chunks>\n")]
+    if not cv3:
+        subs.append(("        static_chunk_size: 4\n", "        static_chunk_size: !ref <chunk_size>\n"))
+    for old, new in subs:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text
+
+
+def checkpoint_yaml(kind: str) -> str:
+    """The ``cosyvoice{2,3}.yaml`` text of a tiny ``kind`` directory in the official structure."""
+    cv3 = kind == "cosyvoice3"
+    head = _HEAD.format(hidden=HIDDEN, chunk=CHUNK_SIZE, llm="CosyVoice3LM" if cv3 else "Qwen2LM")
+    data = _DATA.format(tokenizer_version="    version: cosyvoice3\n" if cv3 else "", truncate=24960 if cv3 else 24480,
+                        mel=_MEL.format(fmax="null" if cv3 else 8000))
+    return head + _flow_yaml(kind) + "\n" + hift_yaml(kind, 16, 8) + "\n" + _GAN + data
 
 
 def _byte_chars() -> list[str]:
@@ -147,10 +253,8 @@ def _weights(kind: str, seed: int, boost: int | None) -> dict[str, torch.Tensor]
 def write_checkpoint(path: Path, kind: str = "cosyvoice2", seed: int = 0, boost: int | None = None) -> Path:
     """Write a tiny random checkpoint directory for ``kind`` at ``path`` and return ``path``."""
     path.mkdir(parents=True, exist_ok=True)
-    cv3 = kind == "cosyvoice3"
-    yaml = _YAML.format(hidden=HIDDEN, cls="CosyVoice3LM" if cv3 else "Qwen2LM",
-                        flow="CausalMaskedDiffWithDiT" if cv3 else "CausalMaskedDiffWithXvec")
-    (path / ("cosyvoice3.yaml" if cv3 else "cosyvoice2.yaml")).write_text(yaml)
+    name = "cosyvoice3.yaml" if kind == "cosyvoice3" else "cosyvoice2.yaml"
+    (path / name).write_text(checkpoint_yaml(kind))
     blank = path / "CosyVoice-BlankEN"
     _tokenizer_dir(blank)
     cfg = qwen_config().to_dict()

@@ -162,18 +162,9 @@ def write_flow(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def use_tiny_flow_yaml(model_dir: Path, kind: str = "cosyvoice3") -> Path:
-    """Replace the ``flow:`` entry of ``model_dir``'s yaml by the tiny one of ``kind`` and add a tiny ``hift:``."""
-    yaml_path = model_dir / f"{kind}.yaml"
-    cv3 = kind == "cosyvoice3"
-    block = (TINY_FLOW_YAML if cv3 else TINY_CV2_FLOW_YAML) + "\n" + hift_yaml(kind, 16, 8)
-    text = re.sub(r"^flow: .*?(?=^\S)", lambda _: block, yaml_path.read_text(), flags=re.S | re.M)
-    yaml_path.write_text(text)
-    return yaml_path
-
-
 def write_audio_checkpoint(path: Path, seed: int = 4, boost: int | None = None, kind: str = "cosyvoice3") -> Path:
-    """A tiny directory that speaks: F1's LLM checkpoint, H1's tiny HiFT + ONNX frontends, a tiny flow."""
+    """A tiny directory that speaks: F1's LLM checkpoint and official yaml (whose flow and hift entries are the
+    tiny ones here), H1's tiny HiFT + ONNX frontends, a tiny flow."""
     from acoustic_fixtures import write_acoustic_dir
     from cosyvoice_fixtures import write_checkpoint
 
@@ -181,7 +172,6 @@ def write_audio_checkpoint(path: Path, seed: int = 4, boost: int | None = None, 
     write_acoustic_dir(path, kind)
     state = official_flow_state(seed) if kind == "cosyvoice3" else official_cv2_flow_state(seed)
     torch.save(state, path / "flow.pt")
-    use_tiny_flow_yaml(path, kind)
     return path
 
 

@@ -46,7 +46,8 @@ def _voice_dir(root: Path) -> Path:
     text = re.sub(r"^sample_rate: 24000\n", "", text, flags=re.M)
     text = re.sub(r"^token_mel_ratio: 2\n", "", text, flags=re.M)
     text = text.replace("    token_mel_ratio: !ref <token_mel_ratio>", "    token_mel_ratio: 4")
-    text = re.sub(r"^hift: .*?(?=^\S|\Z)", "", text, flags=re.M | re.S)  # no HiFT: the HiFi-GAN entry instead
+    # no HiFT (nor upstream's GAN training wrapper around it): the HiFi-GAN V1 entry instead
+    text = re.sub(r"^(hift|hifigan): .*?(?=^\S|\Z)", "", text, flags=re.M | re.S)
     text = re.sub(r"^feat_extractor: .*?(?=^\S|\Z)", "", text, flags=re.M | re.S)
     yaml_path.write_text(VOICE_YAML + text)
     (ckpt / "hift.pt").unlink()

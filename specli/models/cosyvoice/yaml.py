@@ -3,9 +3,11 @@
 HyperPyYAML tags name Python objects to build (``!new:pkg.Class``), functions to bind
 (``!name:pkg.fn``), calls to make (``!apply:pkg.fn``), and references (``!ref <key>``, with
 arithmetic such as ``!ref <a> * 2``). This reader parses the file with PyYAML's *safe* loader, keeps
-every object tag as a plain :class:`Tagged` record (its kind, dotted target and arguments) and never
-imports or calls anything. ``!ref`` is resolved against the file's own keys; over numbers its
-arithmetic is evaluated (``+ - * / // % **`` and parentheses only), over strings it interpolates
+every other ``!`` tag (``!new:``, ``!name:``, ``!apply:``, ``!PLACEHOLDER``, and tags it does not know)
+as a plain :class:`Tagged` record (its kind, dotted target and arguments) and never imports or calls
+anything: an entry is data until a loader asks for it and decides whether it can use it. ``!ref`` is
+resolved against the file's own keys; over numbers its arithmetic is evaluated (``+ - * / // % **``
+and parentheses only), over strings it interpolates
 (``!ref <dir>/file``).
 """
 
@@ -20,7 +22,6 @@ from typing import Any
 
 import yaml
 
-_OBJECT_KINDS = ("new", "name", "apply", "module", "tuple", "copy", "include", "placeholder")
 _REF = re.compile(r"<([^<>]+)>")
 
 
@@ -28,7 +29,7 @@ _REF = re.compile(r"<([^<>]+)>")
 class Tagged:
     """A HyperPyYAML object tag, recorded and never built."""
 
-    kind: str  # "new" | "name" | "apply" | ... (the text between "!" and ":")
+    kind: str  # "new" | "name" | "apply" | ... (the text between "!" and ":", as written)
     target: str  # dotted path after the colon ("" for tags without one)
     value: Any  # the node's arguments: a dict, a list, a scalar, or None
 
@@ -59,9 +60,7 @@ def _tagged(loader: _Loader, suffix: str, node: yaml.Node) -> Any:
     kind, _, target = suffix.partition(":")
     if kind in ("ref", "copy"):
         return _Ref(str(loader.construct_scalar(node)))
-    if kind not in _OBJECT_KINDS:
-        raise yaml.constructor.ConstructorError(None, None, f"unknown tag !{suffix}", node.start_mark)
-    return Tagged(kind, target, _construct(loader, node))
+    return Tagged(kind, target, _construct(loader, node))  # any other tag: an inert record
 
 
 _Loader.add_multi_constructor("!", _tagged)

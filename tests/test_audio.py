@@ -330,3 +330,35 @@ def test_stream_memory_is_flat(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert total == seconds * 16000
     assert peak < 5 * 1024 * 1024, f"peak traced memory {peak} bytes"
+
+
+@pytest.mark.parametrize(
+    ("ext", "fmt", "subtype"),
+    [
+        (".wav", "WAV", "PCM_16"), (".aiff", "AIFF", "PCM_16"), (".au", "AU", "PCM_16"), (".caf", "CAF", "PCM_16"),
+        (".w64", "W64", "PCM_16"), (".rf64", "RF64", "PCM_16"), (".flac", "FLAC", "PCM_16"),
+        (".ogg", "OGG", "VORBIS"), (".opus", "OGG", "OPUS"), (".mp3", "MP3", "MPEG_LAYER_III"),
+    ],
+)
+@pytest.mark.parametrize("kept", [0.5, 0.9])
+def test_every_container_cut_short_raises(tmp_path: Path, ext: str, fmt: str, subtype: str, kept: float) -> None:
+    """Containers whose decoder shortens a cut file silently (AIFF, AU, W64, RF64, Ogg) are caught like WAV."""
+    rate = 48000 if subtype == "OPUS" else 16000
+    full = tmp_path / f"full{ext}"
+    sf.write(full, _real_clip(REAL_CLIPS[0])[: rate * 3] if rate == 16000 else _tone(440.0, 3.0, rate), rate,
+             format=fmt, subtype=subtype)
+    assert len(A.load_audio(full)) == pytest.approx(48000, abs=1)
+    cut = tmp_path / f"cut{ext}"
+    cut.write_bytes(full.read_bytes()[: int(full.stat().st_size * kept)])
+    with pytest.raises(AudioError, match=rf"cut{ext}: .*(truncated|malformed|lost sync)"):
+        A.load_audio(cut)
+
+
+def test_non_finite_samples_raise_with_where(tmp_path: Path) -> None:
+    tone = _tone(440.0, 2.0, 16000)
+    tone[24000] = np.nan
+    tone[30000] = np.inf
+    path = tmp_path / "nan.wav"
+    sf.write(path, tone, 16000, subtype="FLOAT")
+    with pytest.raises(AudioError, match=r"nan\.wav: non-finite samples \(NaN or Inf\), the first at 1\.500 s$"):
+        A.load_audio(path)

@@ -7,6 +7,8 @@ inside the real run (the Nth call of a real step), after earlier outputs were wr
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -57,6 +59,40 @@ def test_synthesize_ctrl_c_reports_what_finished(tmp_path, cv3, monkeypatch):
     assert sorted(p.name for p in out.glob("*.npy")) == ["lines_00001.npy"]
     _no_partial_files(out)
     res = _invoke(["synthesize", str(lines), "--format", "npy", "--model", str(cv3), "-o", str(out), "--sampler", "greedy"])
+    assert res.exit_code == 0 and "2 ok, 0 failed, 1 skipped" in res.stderr  # the rerun resumes
+
+
+def test_synthesize_sigterm_is_handled_as_ctrl_c(tmp_path, cv3, monkeypatch):
+    """A real SIGTERM to this process in the second utterance: the summary prints, exit 143, the rerun resumes."""
+    from specli.tts.synthesis import Synthesizer
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("one two\nthree four\nfive six\n")
+    real, calls = Synthesizer.synthesize, []
+
+    def terminated_in_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode, inside this call
+        return real(*args, **kwargs)
+
+    def unhandled(*_a):  # the default action would end the test run itself
+        raise AssertionError("SIGTERM reached the test's own handler: the command did not handle it")
+
+    monkeypatch.setattr(Synthesizer, "synthesize", terminated_in_the_second)
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    out = tmp_path / "out"
+    args = ["synthesize", str(lines), "--format", "npy", "--model", str(cv3), "-o", str(out), "--sampler", "greedy"]
+    try:
+        res = _invoke(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert res.exit_code == 143, res.stderr
+    assert "interrupted: utterances: 1 ok, 0 failed, 0 skipped" in res.stderr and "rerun resumes" in res.stderr
+    assert sorted(p.name for p in out.glob("*.npy")) == ["lines_00001.npy"]
+    _no_partial_files(out)
+    monkeypatch.undo()
+    res = _invoke(args)
     assert res.exit_code == 0 and "2 ok, 0 failed, 1 skipped" in res.stderr  # the rerun resumes
 
 

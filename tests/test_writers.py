@@ -243,3 +243,31 @@ def test_write_atomic_does_not_create_a_missing_file_on_failure(tmp_path, monkey
     with pytest.raises(OSError):
         write_atomic(tmp_path / "new.json", "{}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_write_atomic_names_the_output_not_its_temporary_file(tmp_path):
+    out = tmp_path / ("n" * 250 + ".txt")  # fits, but its temporary name is over 255 bytes
+    with pytest.raises(OSError) as info:
+        write_atomic(out, "x")
+    assert info.value.filename == str(out) and info.value.strerror == "File name too long"
+    assert os.listdir(tmp_path) == []
+
+
+def test_stale_temporary_files_are_removed_and_live_ones_kept(tmp_path):
+    import fcntl
+
+    from specli.io.atomic import remove_stale_parts
+
+    out = tmp_path / "a.txt"
+    stale, other = tmp_path / ".a.txt.0123abcd.part", tmp_path / ".b.txt.0123abcd.part"
+    stale.write_text("left by a SIGKILL")
+    other.write_text("not asked about")
+    live = tmp_path / ".a.txt.89abcdef.part"
+    fd = os.open(live, os.O_WRONLY | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as write_atomic holds it while it writes
+    try:
+        assert remove_stale_parts([out, tmp_path / "missing" / "x.txt"]) == [stale]
+        assert not stale.exists() and other.exists() and live.exists()
+    finally:
+        os.close(fd)
+    assert remove_stale_parts([out]) == [live]  # its writer is gone

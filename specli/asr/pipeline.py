@@ -7,6 +7,7 @@ options, call :func:`run_batch` and print.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -22,10 +23,10 @@ from specli.asr.windows import (FileResult, FileSteps, TranscribeOptions, run_al
                                           transcribe_steps)
 from specli.errors import AudioError, SpecliError, UsageError
 from specli.presets import DEFAULT_PRESET, Preset, load_preset
-from specli.io.resume import ResumeMode, decide, sidecar_path, write_sidecar
+from specli.io.resume import ResumeMode, SourceFile, decide, sidecar_path, write_sidecar
 from specli.asr.vad import VadOptions, speech_steps
 from specli.asr.writers import WRITERS, SubtitleOptions, result_record, to_json
-from specli.io.atomic import write_atomic
+from specli.io.atomic import remove_stale_parts, write_atomic
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,8 @@ class Outcome:
 def discover(inputs: Iterable[str]) -> tuple[list[tuple[Path, Path]], list[Outcome]]:
     """Expand inputs into ``(file, root)`` pairs; inputs that hold no audio become failed outcomes.
 
-    Directories are searched recursively for audio extensions; ``root`` is the directory an
-    output path is made relative to (the input directory, or the file's own directory).
+    Directories are searched recursively for audio extensions (:func:`audio_files`); ``root`` is the
+    directory an output path is made relative to (the input directory, or the file's own directory).
     """
     found: list[tuple[Path, Path]] = []
     bad: list[Outcome] = []
@@ -60,7 +61,7 @@ def discover(inputs: Iterable[str]) -> tuple[list[tuple[Path, Path]], list[Outco
     for raw in inputs:
         p = Path(raw)
         if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_EXTENSIONS)
+            files = audio_files(p)
             if not files:
                 bad.append(Outcome(p, error=f"{p}: directory contains no audio files"))
             pairs = [(f, p) for f in files]
@@ -75,6 +76,25 @@ def discover(inputs: Iterable[str]) -> tuple[list[tuple[Path, Path]], list[Outco
                 seen.add(key)
                 found.append((f, root))
     return found, bad
+
+
+def audio_files(folder: Path) -> list[Path]:
+    """The audio files under ``folder`` (sorted), following symlinked directories; a directory reached again
+    (a link loop, or two links to one place) is walked once."""
+    files: list[Path] = []
+    walked: set[tuple[int, int]] = set()
+    for top, dirs, names in os.walk(folder, followlinks=True):
+        try:
+            st = os.stat(top)
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) in walked:
+            dirs[:] = []
+            continue
+        walked.add((st.st_dev, st.st_ino))
+        dirs.sort()  # the first of two links to one directory names its outputs, the same every run
+        files += [f for f in (Path(top, n) for n in names) if f.suffix.lower() in AUDIO_EXTENSIONS and f.is_file()]
+    return sorted(files)
 
 
 def plan_outputs(found: Sequence[tuple[Path, Path]], output_dir: Path) -> list[InputFile]:
@@ -210,16 +230,21 @@ def run_batch(
     settings = (dict(settings) if settings is not None
                 else {**option_settings(opts), **({"vad": asdict(vad)} if vad else {})})
     mode = mode or ("overwrite" if overwrite else "changed")
+    remove_stale_parts(p for item in items for p in [*output_paths(item, formats), sidecar_path(item.output_base)])
     skipped: dict[int, Outcome | None] = {}
+    sources: dict[int, dict | None] = {}  # the identity of each input to do, taken before its work
 
     def todo() -> Iterator[tuple[int, Path | None]]:  # decided as each item's turn comes
         for i, item in enumerate(items):
             skipped[i] = _skip(item, formats, settings, mode, on_redo)
+            if not skipped[i]:
+                sources[i] = _identity(item.path)
             yield i, None if skipped[i] else item.path
 
     # more files in flight than there are files only costs: one file decodes best on the batch-1 path
     results = transcribe_files(model, todo(), opts, decode, min(batch_size, max(len(items), 1)), on_window, vad)
-    yield from _in_input_order((i, skipped.pop(i) or _write(items[i], result, formats, settings, subtitles))
+    yield from _in_input_order((i, skipped.pop(i) or _write(items[i], result, formats, settings, subtitles,
+                                                            sources.pop(i, None)))
                                for i, result in results)
 
 
@@ -244,7 +269,7 @@ def _skip(item: InputFile, formats: Sequence[str], settings: Mapping[str, object
           on_redo: Callable[[Path, str], None] | None) -> Outcome | None:
     """The skipped outcome of an item whose outputs are kept (``specli.io.resume``), else None (to do)."""
     outs = output_paths(item, formats)
-    decision = decide(outs, item.output_base, settings, mode)
+    decision = decide(outs, item.output_base, settings, mode, source=SourceFile(item.path))
     if decision.skip:
         record = None if decision.record is None else {**decision.record, "source": str(item.path)}
         return Outcome(item.path, skipped=True, outputs=tuple(outs), record=record)
@@ -253,20 +278,32 @@ def _skip(item: InputFile, formats: Sequence[str], settings: Mapping[str, object
     return None
 
 
+def _identity(path: Path) -> dict | None:
+    """The input's identity for its sidecar (:class:`SourceFile`); None when it cannot be read (its
+    decoding fails and says why)."""
+    try:
+        return SourceFile(path).identity()
+    except OSError:
+        return None
+
+
 def _write(item: InputFile, result: FileResult | Exception, formats: Sequence[str], settings: Mapping[str, object],
-           subtitles: SubtitleOptions | None) -> Outcome:
-    """Write one finished item's outputs atomically (sidecar first) and return its outcome."""
+           subtitles: SubtitleOptions | None, source: dict | None = None) -> Outcome:
+    """Write one finished item's outputs atomically (sidecar first, recording the input's identity
+    ``source``) and return its outcome."""
     if isinstance(result, Exception):
         return Outcome(item.path, error=str(result))
     outs = output_paths(item, formats)
     record = result_record(result, str(item.path))
     texts = {out: render(result, fmt, str(item.path), subtitles) for fmt, out in zip(formats, outs)}
     try:
-        write_sidecar(sidecar_path(item.output_base), settings, texts, record)  # first: see specli.io.resume
+        write_sidecar(sidecar_path(item.output_base), settings, texts, record, source)  # first: see specli.io.resume
         for out, text in texts.items():
             write_atomic(out, text)
     except OSError as exc:  # an unwritable output: this file fails, the batch goes on
-        return Outcome(item.path, error=f"{item.path}: cannot write {exc.filename or 'output'}: {exc.strerror or exc}")
+        hidden = exc.filename is None or Path(exc.filename).name.startswith(".")  # the sidecar: name the output
+        named = outs[0] if hidden else exc.filename
+        return Outcome(item.path, error=f"{item.path}: cannot write {named}: {exc.strerror or exc}")
     return Outcome(item.path, result=result, outputs=tuple(outs), record=record)
 
 

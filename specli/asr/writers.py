@@ -9,6 +9,7 @@ the text in place through a temporary file and a rename, so an interrupted run n
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -186,10 +187,26 @@ def _word_dict(w) -> dict:
     return {"start": round(w.start, 3), "end": round(w.end, 3), "word": w.word, "probability": w.probability}
 
 
+def finite(value):
+    """``value`` (plain JSON data) with every NaN / infinite number as None (null): JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def json_line(record: dict) -> str:
+    """One record as strict JSON on one line (what ``--jsonl -`` prints)."""
+    return json.dumps(finite(record), ensure_ascii=False, allow_nan=False)
+
+
 def result_record(result: FileResult, source: str) -> dict:
-    """The JSON record of one file (json output and one jsonl line)."""
+    """The JSON record of one file (json output and one jsonl line); strict JSON (:func:`finite`)."""
     st, dec = result.stats, result.stats.decode
-    return {
+    return finite({
         "source": source,
         "language": result.language,
         "language_probability": result.language_probability,
@@ -209,11 +226,11 @@ def result_record(result: FileResult, source: str) -> dict:
             "drafted": dec.drafted,
             "accepted": dec.accepted,
         },
-    }
+    })
 
 
 def to_json(result: FileResult, source: str = "") -> str:
-    return json.dumps(result_record(result, source), ensure_ascii=False, indent=2) + "\n"
+    return json.dumps(result_record(result, source), ensure_ascii=False, indent=2, allow_nan=False) + "\n"
 
 
 WRITERS: dict[str, Callable[..., str]] = {  # FileResult (srt, vtt: and SubtitleOptions) -> text

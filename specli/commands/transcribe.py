@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import torch
 from specli.io.audio import audio_duration
 from specli.asr.pipeline import DEFAULT_BATCH_SIZE, batch_size_for, discover, plan_outputs, run_batch, text_settings
 from specli.commands.decoding_flags import DECODING_FLAGS, decoding_options
-from specli.commands.interrupt import EXIT_INTERRUPTED
+from specli.commands.interrupt import report_interrupt
 from specli.asr.language import check_model_name, normalize_language
 from specli.asr.speech import speech_hooks
 from specli.asr.strategies import Engine, load_engine
@@ -31,7 +29,8 @@ from specli.commands.progress import BatchProgress, RunSummary
 from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
 from specli.asr.vad import VadOptions, load_vad
 from specli.asr.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
-from specli.asr.writers import FORMATS, SubtitleOptions
+from specli.asr.writers import FORMATS, SubtitleOptions, json_line
+from specli.io.outdir import uncreatable_dir
 
 
 # the one option list of both commands (decorators, in --help order)
@@ -167,16 +166,15 @@ def _load(task: str, kw: dict, p: Preset, language: str | None) -> Engine:
     return engine
 
 
-def _check_output_dir(path: Path) -> None:
-    """Refuse an output directory that could not be created (its nearest existing ancestor is not a
-    writable directory) without creating anything: a rejected run leaves no trace."""
-    probe = path.absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise click.UsageError(f"cannot create the output directory {path}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise click.UsageError(f"cannot create the output directory {path}: {probe} is not writable")
+def _check_outputs(output_dir: Path, run_manifest: Path | None) -> None:
+    """Refuse (usage error) an output directory or run manifest that could not be created, before any model
+    loads; nothing is created here, so a rejected run leaves no trace."""
+    why = uncreatable_dir(output_dir)
+    if why:
+        raise click.UsageError(f"cannot create the output directory {output_dir}: {why}")
+    why = None if run_manifest is None else uncreatable_dir(run_manifest.absolute().parent)
+    if why:
+        raise click.UsageError(f"cannot write the run manifest {run_manifest}: {why}")
 
 
 def _run(task: str, kw: dict) -> None:
@@ -195,13 +193,18 @@ def _run(task: str, kw: dict) -> None:
     mode = "overwrite" if kw["overwrite"] else "skip-existing" if kw["skip_existing"] else "changed"
     vad = _vad_options(kw)
     subtitles = _subtitle_options(kw)  # a usage error (exit 2) before the model loads
-    _check_output_dir(kw["output_dir"])  # a usage error before the model loads; nothing is created here
+    _check_outputs(kw["output_dir"], kw["run_manifest"])  # usage errors before the model loads
     if vad is not None:
         load_vad()  # a missing VAD model fails (exit 3) before the Whisper model loads
     run, bad, items = _shard(kw, bad, items)  # under torchrun / accelerate launch: this rank's share
     engine = _load(task, kw, p, language)
     summary = RunSummary()
-    try:
+
+    def stopped() -> str:  # Ctrl-C, SIGTERM or a closed stdout: what finished is written and kept
+        summary.interrupted = True
+        return summary.line()
+
+    with report_interrupt(stopped, label=False):
         with BatchProgress(len(items), sum(_safe_duration(i.path) for i in items), kw["progress"]) as bar:
             in_flight = _InFlight(bar)
             outcomes = run_batch(engine.model, items, opts, formats, decode=engine.decode,
@@ -216,14 +219,10 @@ def _run(task: str, kw: dict) -> None:
                 _report(outcome, bar, None if run.shard.distributed else kw["jsonl"])
                 if outcome.error and kw["fail_fast"]:
                     break
-    except KeyboardInterrupt:
-        summary.interrupted = True
-        click.echo(summary.line(), err=True)
-        raise SystemExit(EXIT_INTERRUPTED) from None
-    click.echo(f"rank {run.shard.rank}: " * run.shard.distributed + summary.line(), err=True)
-    report = run.finish()  # a distributed run: every rank's rows, manifest by rank 0; the same report everywhere
-    for record in report.records if run.shard.rank == 0 else ():
-        click.echo(json.dumps(record, ensure_ascii=False))
+        click.echo(f"rank {run.shard.rank}: " * run.shard.distributed + summary.line(), err=True)
+        report = run.finish()  # a distributed run: every rank's rows, manifest by rank 0; the same report everywhere
+        for record in report.records if run.shard.rank == 0 else ():
+            click.echo(json_line(record))
     for line in report_lines(report, run.shard):
         click.echo(line, err=True)
     if summary.failed or report.exit_code:
@@ -283,7 +282,7 @@ def _report(outcome, bar: BatchProgress, jsonl: str | None) -> None:
         bar.file_done(outcome.result.stats.audio_seconds)
     if jsonl:
         if outcome.record is not None:
-            click.echo(json.dumps(outcome.record, ensure_ascii=False))
+            click.echo(json_line(outcome.record))
         else:
             bar.message(f"skipped {outcome.path}: no JSON record of it on disk to print")
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
+
+_PART = re.compile(r"\.(.+)\.[0-9a-f]{8}\.part")  # the temporary name of an output being written
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -17,19 +21,68 @@ def write_atomic(path: Path, text: str) -> None:
 def write_atomic_with(path: Path, fill: Callable[[BinaryIO], object]) -> None:
     """Let ``fill`` write ``path``'s bytes to a temporary file in the same directory, then rename it.
 
-    The temporary file is hidden (``.<name>.<random>.part``) and created with the usual
-    permissions (0666 less the umask), so the output gets the mode a plain write would give it.
-    If ``fill``, the sync or the rename fails, the temporary file is removed and ``path`` is untouched.
+    The temporary file is hidden (``.<name>.<random>.part``), locked while it is written (see
+    :func:`remove_stale_parts`) and created with the usual permissions (0666 less the umask), so the output
+    gets the mode a plain write would give it. If ``fill``, the sync or the rename fails, the temporary file
+    is removed and ``path`` is untouched; an OSError names ``path``, never the temporary file.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    tmp = None
     try:
+        fd, tmp = _open_part(path)
         with os.fdopen(fd, "wb") as fh:
             fill(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+            os.replace(tmp, path)  # still locked: never taken for stale
+    except BaseException as exc:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and (exc.filename is None or _PART.fullmatch(Path(exc.filename).name)):
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
+
+
+def _open_part(path: Path) -> tuple[int, Path]:
+    """A new temporary file beside ``path``, exclusively locked (a lock the kernel drops when the process dies)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink:  # else removed as stale between the open and the lock: take another
+            return fd, tmp
+        os.close(fd)
+
+
+def remove_stale_parts(paths: Iterable[Path]) -> list[Path]:
+    """Remove the temporary files of ``paths`` left by a writer that died (a SIGKILL inside a write); return them.
+
+    A temporary file is stale when nobody holds its lock; one being written by a live process (a concurrent
+    run) is left alone. Each directory is listed once.
+    """
+    by_dir: dict[Path, set[str]] = {}
+    for p in paths:
+        by_dir.setdefault(p.parent, set()).add(p.name)
+    removed = []
+    for folder, names in by_dir.items():
+        try:
+            entries = [e for e in os.scandir(folder) if (m := _PART.fullmatch(e.name)) and m.group(1) in names]
+        except OSError:  # no such directory yet: nothing left there
+            continue
+        removed += [Path(e.path) for e in entries if _remove_if_unlocked(Path(e.path))]
+    return removed
+
+
+def _remove_if_unlocked(part: Path) -> bool:
+    try:
+        fd = os.open(part, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails while its writer lives
+        part.unlink()
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,6 +69,14 @@ _READ_BLOCK_FRAMES = 1 << 16  # input frames decoded per read
 _MAX_WAV_CHUNKS = 256  # RIFF chunks walked looking for "data"
 _WAV_SIZE_PLACEHOLDER = 0x7FFF0000  # sizes at or above this mean "unknown" (streamed)
 _MP3_SHORTFALL = 0.05  # mp3 frame counts may be estimates; tolerate 5 % short
+_SHORT_BYTES_TOLERATED = 1024  # a header size this much over the bytes present is a writer's slip, not a cut
+# libsndfile's header log says "<chunk> : <declared> (should be <present>)" for a size the file does not match
+_SIZE_MISMATCH = re.compile(r"^\s*([^:\n]+?)\s*:\s*(\d+) \(should be (\d+)\)", re.MULTILINE)
+# what libsndfile's Ogg reader logs about a stream cut short (it decodes what is there without an error)
+_OGG_CUT = {
+    "Last page lacks an end-of-stream bit": "truncated Ogg file: its last page has no end-of-stream mark",
+    "Junk after the last page": "truncated Ogg file: its last page is cut short",
+}
 
 
 def _error(path: PathLike, reason: str) -> AudioError:
@@ -144,6 +153,21 @@ def _wav_truncation(path: PathLike) -> str | None:
     return None
 
 
+def _header_truncation(handle: sf.SoundFile) -> str | None:
+    """Return a reason if the decoder's header log shows the file was cut short.
+
+    For PCM containers (AIFF, AU, W64, RF64...) libsndfile shortens the frame count to the bytes present and
+    only logs the mismatch; an Ogg stream cut short decodes to its complete pages, and its header frame count
+    comes from the last page present, so decoded frames always equal it. The log is read once, at open.
+    """
+    log = handle.extra_info
+    for label, declared, present in _SIZE_MISMATCH.findall(log):
+        declared, present = int(declared), int(present)
+        if present + _SHORT_BYTES_TOLERATED < declared < _WAV_SIZE_PLACEHOLDER:
+            return f"truncated file: its header declares {declared} bytes for '{label}', only {present} present"
+    return next((reason for said, reason in _OGG_CUT.items() if said in log), None)
+
+
 def _sndfile_open(path: PathLike, opener: Callable[[str], _OpenT]) -> _OpenT:
     """``opener(path)`` (``sf.SoundFile`` or ``sf.info``) with the decoders' stderr captured, not shown;
     AudioError with the reason (and what the decoder said) when it fails."""
@@ -163,9 +187,12 @@ def _open_sound_file(path: PathLike) -> sf.SoundFile:
     if truncation is not None:
         raise _error(path, truncation)
     handle = _sndfile_open(path, sf.SoundFile)
-    if handle.frames <= 0 or handle.samplerate <= 0 or handle.channels <= 0:
+    reason = _header_truncation(handle)
+    if reason is None and (handle.frames <= 0 or handle.samplerate <= 0 or handle.channels <= 0):
+        reason = "contains no audio samples (zero length)"
+    if reason is not None:
         handle.close()
-        raise _error(path, "contains no audio samples (zero length)")
+        raise _error(path, reason)
     return handle
 
 
@@ -193,8 +220,13 @@ def _decode_blocks(handle: sf.SoundFile, path: PathLike, block_frames: int) -> I
             raise _error(path, f"decoding failed ({_sndfile_reason(error, noise)})") from error
         if block.shape[0] == 0:
             break
+        mono = block[:, 0].copy() if block.shape[1] == 1 else block.mean(axis=1, dtype=np.float32)
+        bad = np.flatnonzero(~np.isfinite(mono))
+        if bad.size:  # float files can hold NaN / Inf, which every later step would turn into garbage
+            at = (decoded + bad[0]) / handle.samplerate
+            raise _error(path, f"non-finite samples (NaN or Inf), the first at {at:.3f} s")
         decoded += block.shape[0]
-        yield block[:, 0].copy() if block.shape[1] == 1 else block.mean(axis=1, dtype=np.float32)
+        yield mono
     reason = _short_read_reason(handle, decoded)
     if reason is not None:
         raise _error(path, reason)

@@ -14,6 +14,10 @@ A session that trained only the flow replaces it in a copy of an assembled voice
 ONNX file kept; the flow must have the yaml's shape, which loading the copy through specli's strict loader checks):
 
     python scripts/voice/assemble.py --from specli/voices/specli-en --flow /work/voice/train/flow/best.pt --out DIR
+
+``--flow-steps N`` / ``--cfg-rate W`` write the flow's default Euler steps and guidance weight into the yaml's
+``cfm_params`` (``n_timesteps``, specli's own optional key, and upstream's ``inference_cfg_rate``), e.g. 1 and 0 for
+a flow trained as a one-step decoder; ``--from VOICE --out DIR`` without ``--flow`` changes only those keys.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -138,6 +143,29 @@ def write_lm(lm: dict, blank: Path, out: Path) -> VoiceLM:
     return module
 
 
+def with_cfm_keys(text: str, n_timesteps: int | None, cfg_rate: float | None) -> str:
+    """The yaml ``text`` with the flow's ``cfm_params`` ``n_timesteps`` (added after ``inference_cfg_rate`` when
+    absent) and ``inference_cfg_rate`` set; None keeps a value as it is."""
+    rate = re.compile(r"^( +)inference_cfg_rate: *\S+ *$", re.M)
+    found = rate.findall(text)
+    if len(found) != 1:
+        raise ValueError(f"expected one cfm_params inference_cfg_rate line in the yaml, found {len(found)}")
+    if cfg_rate is not None:
+        if cfg_rate < 0:
+            raise ValueError("the guidance weight must be >= 0")
+        text = rate.sub(lambda m: f"{m.group(1)}inference_cfg_rate: {cfg_rate}", text)
+    if n_timesteps is not None:
+        if n_timesteps < 1:
+            raise ValueError("the flow needs at least one Euler step")
+        steps = re.compile(r"^( +)n_timesteps: *[^\s#]+(.*)$", re.M)
+        if steps.search(text):
+            text = steps.sub(lambda m: f"{m.group(1)}n_timesteps: {n_timesteps}{m.group(2)}", text)
+        else:
+            note = "  # specli's key: the flow's default Euler steps (upstream: always 10)"
+            text = rate.sub(lambda m: f"{m.group(0)}\n{m.group(1)}n_timesteps: {n_timesteps}{note}", text)
+    return text
+
+
 def write_sums(out: Path) -> None:
     lines = []
     for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != "SHA256SUMS"):
@@ -158,41 +186,58 @@ def check_lm(module: VoiceLM, out: Path, blank: Path, codebook: int) -> float:
     return worst
 
 
-def replace_flow(source: Path, flow: dict, out: Path) -> None:
-    """``out`` = a copy of the assembled voice ``source`` with the flow of ``flow`` (a train_flow.py best.pt); its
-    shape must be the yaml's (the caller loads ``out`` through specli's strict loader, which checks every key)."""
+def replace_flow(source: Path, flow: dict | None, out: Path, steps: int | None = None,
+                 cfg_rate: float | None = None) -> None:
+    """``out`` = a copy of the assembled voice ``source`` with the flow of ``flow`` (a train_flow.py best.pt; None
+    keeps the voice's) and the yaml's CFM keys set (:func:`with_cfm_keys`); the flow's shape must be the yaml's
+    (the caller loads ``out`` through specli's strict loader, which checks every key)."""
     if out.resolve() != source.resolve():
         shutil.copytree(source, out, dirs_exist_ok=True)
-    write_atomic_with(out / "flow.pt", lambda fh: torch.save(half(flow["model"]), fh))
+    if flow is not None:
+        write_atomic_with(out / "flow.pt", lambda fh: torch.save(half(flow["model"]), fh))
+    yaml = out / "cosyvoice3.yaml"
+    write_atomic(yaml, with_cfm_keys(yaml.read_text(encoding="utf-8"), steps, cfg_rate))
     write_sums(out)
+
+
+def check_cfm(vocalizer: Vocalizer, steps: int | None, cfg_rate: float | None) -> str:
+    """What the loaded flow will solve with; raises when the yaml's keys were not read as written."""
+    cfm = vocalizer.flow.cfg.cfm
+    if (steps is not None and cfm.n_timesteps != steps) or (cfg_rate is not None and cfm.inference_cfg_rate != cfg_rate):
+        raise SystemExit(f"the voice loads with {cfm.n_timesteps} steps, CFG {cfm.inference_cfg_rate}: not as written")
+    return f"{cfm.n_timesteps} flow steps, CFG {cfm.inference_cfg_rate}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lm", type=Path, help="train_lm.py best.pt")
-    ap.add_argument("--flow", type=Path, required=True, help="train_flow.py best.pt")
+    ap.add_argument("--flow", type=Path, help="train_flow.py best.pt (with --from: optional)")
+    ap.add_argument("--flow-steps", type=int, help="the flow's default Euler steps, in the yaml (absent: 10)")
+    ap.add_argument("--cfg-rate", type=float, help="the flow's guidance weight, in the yaml (official: 0.7)")
     ap.add_argument("--blank", type=Path)
     ap.add_argument("--onnx", type=Path)
     ap.add_argument("--from", dest="source", type=Path, help="an assembled voice whose flow alone is replaced")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    flow = torch.load(args.flow, weights_only=False)
+    flow = None if args.flow is None else torch.load(args.flow, weights_only=False)
     if args.source is not None:
         if args.lm or args.blank or args.onnx:
             ap.error("--from keeps the voice's LM, tokenizer and ONNX file: no --lm, --blank or --onnx")
-        replace_flow(args.source, flow, args.out)
+        replace_flow(args.source, flow, args.out, args.flow_steps, args.cfg_rate)
         vocalizer = Vocalizer.from_dir(args.out, "cosyvoice3")
-        log(f"{args.out}: flow of {args.flow} (step {flow['step']}, held-out CFM {flow['val']:.4f}) in a copy of "
-            f"{args.source}; vocalizer {vocalizer.spec.mel.sample_rate} Hz")
+        what = "its own flow" if flow is None else (f"flow of {args.flow} (step {flow['step']}, held-out "
+                                                     f"{flow.get('metric', 'CFM')} {flow['val']:.4f})")
+        log(f"{args.out}: {what} in a copy of {args.source}; {check_cfm(vocalizer, args.flow_steps, args.cfg_rate)}; "
+            f"vocalizer {vocalizer.spec.mel.sample_rate} Hz")
         return
-    if not (args.lm and args.blank and args.onnx):
-        ap.error("give --lm, --blank and --onnx (or --from VOICE to replace only the flow)")
+    if not (args.lm and args.blank and args.onnx and flow is not None):
+        ap.error("give --flow, --lm, --blank and --onnx (or --from VOICE to replace only the flow or the CFM keys)")
     lm = torch.load(args.lm, weights_only=False)
     dit = flow["config"]["dit"]
     args.out.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.out / "cosyvoice3.yaml", YAML.format(
+    write_atomic(args.out / "cosyvoice3.yaml", with_cfm_keys(YAML.format(
         hidden=lm["shape"]["hidden"], codebook=lm["codebook"], lookahead=flow["config"]["lookahead_channels"],
-        dim=dit["dim"], depth=dit["depth"], heads=dit["heads"]))
+        dim=dit["dim"], depth=dit["depth"], heads=dit["heads"]), args.flow_steps, args.cfg_rate))
     module = write_lm(lm, args.blank, args.out)
     cfg = flow_config(lm["codebook"], dit["dim"], dit["depth"], dit["heads"], flow["config"]["lookahead_channels"])
     assert cfg.dit.static_chunk_size == dit["static_chunk_size"]
@@ -201,7 +246,8 @@ def main() -> None:
     write_sums(args.out)
     worst = check_lm(module.float().eval(), args.out, args.blank, lm["codebook"])
     vocalizer = Vocalizer.from_dir(args.out, "cosyvoice3")
-    log(f"{args.out}: LM logits vs training module max |diff| {worst:.2e} (float16 weights); vocalizer "
+    log(f"{args.out}: LM logits vs training module max |diff| {worst:.2e} (float16 weights); "
+        f"{check_cfm(vocalizer, args.flow_steps, args.cfg_rate)}; vocalizer "
         f"{vocalizer.spec.mel.sample_rate} Hz, {vocalizer.spec.token_mel_ratio} frames/token; "
         f"{sum(p.stat().st_size for p in args.out.rglob('*') if p.is_file()) / 2**20:.1f} MiB")
 

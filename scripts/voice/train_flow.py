@@ -1,4 +1,5 @@
-"""Train specli-en's flow: CosyVoice3's DiT + conditional flow matching, speech tokens -> 80-bin mel (22.05 kHz, hop 256).
+"""Train specli-en's flow: CosyVoice3's DiT, speech tokens -> 80-bin mel (22.05 kHz, hop 256), as a conditional
+flow (CFM), a one-step decoder (regression from t = 0), or a mix of both.
 
 The model is specli's own :class:`~specli.tts.acoustic.flow_cv3.FlowCV3` (the module inference runs, with
 upstream's key names, so ``flow.pt`` loads through the official loader), trained as upstream's
@@ -7,16 +8,29 @@ upstream's key names, so ``flow.pt`` loads through the official loader), trained
 
 * tokens -> ``input_embedding`` -> pre-lookahead -> each repeated ``token_mel_ratio`` (4) times = ``mu``;
 * the x-vector is zeros (one speaker): ``spk_embed_affine_layer`` contributes its bias;
-* condition: per utterance with p = 0.5 nothing, else a random prefix of the target mel of up to 30 % of it;
+* condition: per utterance with p = ``--prompt-prob`` (upstream 0.5) a random prefix of the target mel of up to
+  30 % of it, else nothing;
 * ``t ~ U(0, 1)``, ``y = (1 - (1 - s) t) z + t x1``, target velocity ``u = x1 - (1 - s) z`` (s = 1e-6);
-* classifier-free guidance dropout 0.2 (mu, x-vector and condition zeroed together);
+* classifier-free guidance dropout ``--cfg-dropout`` (upstream 0.2: mu, x-vector and condition zeroed together);
 * chunk-causal attention (streaming) with p = ``--streaming`` (upstream 0.5), else full;
 * loss: MSE over every unpadded frame (the prompt prefix included), as upstream.
+
+``--objective regress`` trains the same DiT as a deterministic decoder: every row at ``t = 0``, where the
+velocity a CFM learns is ``E[x1 | tokens] - z``, so one Euler step (``dt = 1``: the cosine grid of 1 step is
+[0, 1]) from the noise gives ``x1_hat = z + v(z, 0)``, and the loss is the L1 (``--reg-loss l2``: MSE) of
+``x1_hat - x1``. ``--objective mix`` draws each row at ``t = 0`` with the regression loss with p = ``--reg-frac``
+(default 0.7), else a uniform-t CFM row as above, so the multi-step path stays trained. specli-en's defaults
+match its inference: no streaming, no prompt, no CFG dropout, whole clips (``--crop`` only bounds them), batches
+of clips of similar length. Validation logs the held-out CFM loss (fixed noise and times) beside the L1 of the
+one-step estimate from the inference's fixed noise buffer on whole held-out clips (what ``n_timesteps: 1``,
+``inference_cfg_rate: 0`` decode); ``best.pt`` is chosen on the latter unless ``--objective cfm``.
 
 Mels are jik876's (``HifiGan.mel``: what the vocoder was trained on) of the clip zero-padded to a multiple of
 ``4 * 256`` samples, so a clip of n speech tokens has exactly 4 n frames; they are cached under ``<run>/mels``.
 
-    python scripts/voice/train_flow.py --run /work/voice/train/flow --codebook 1024 --steps 30000
+    python scripts/voice/train_flow.py --run /work/voice/train/flow --codebook 729 --depth 6 --steps 30000
+    python scripts/voice/train_flow.py --run /work/voice/train/mix --codebook 729 --depth 6 --objective mix \\
+        --init specli/voices/specli-en/flow.pt --lr 1e-4 --warmup 100 --val-every 250
 """
 
 from __future__ import annotations
@@ -25,26 +39,42 @@ import argparse
 import json
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 import torch
 import torch.nn.functional as F
-from common import clips, log, lr_at, save, wav_path
+from common import log, lr_at, save, wav_path
 from voicetokens import speech_tokens
 
 from specli.core.device import cpu_native_bf16
 from specli.io.atomic import write_atomic_with
-from specli.tts.acoustic.cfm import CFMSettings
+from specli.tts.acoustic.cfm import CFMSettings, fixed_noise
 from specli.tts.acoustic.features import prompt_mel
 from specli.tts.acoustic.flow_cv3 import DiTConfig, FlowCV3, FlowCV3Config
 
 RATIO = 4  # mel frames per speech token
 HOP = 256  # samples per mel frame at 22.05 kHz
 SIGMA_MIN = 1e-6
-CFG_DROPOUT = 0.2
+OBJECTIVES = {"cfm": 0.0, "regress": 1.0}  # share of rows regressed from t = 0 (mix: --reg-frac)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a training step does with a batch (upstream's CFM: reg_frac 0, prompt 0.5, CFG dropout 0.2)."""
+
+    reg_frac: float = 0.0  # share of rows at t = 0 with the one-step regression loss; the rest uniform-t CFM
+    reg_loss: str = "l1"  # the regression rows' loss on x1_hat - x1: l1 or l2
+    prompt_prob: float = 0.0  # share of utterances with a prompt prefix (<= 30 % of the mel) as condition
+    cfg_dropout: float = 0.0  # share of rows with mu, x-vector and condition zeroed (classifier-free guidance)
+
+    def __post_init__(self) -> None:
+        if not all(0.0 <= x <= 1.0 for x in (self.reg_frac, self.prompt_prob, self.cfg_dropout)):
+            raise ValueError("reg_frac, prompt_prob and cfg_dropout are probabilities")
+        if self.reg_loss not in ("l1", "l2"):
+            raise ValueError(f"reg_loss {self.reg_loss!r}: l1 or l2")
 
 
 def flow_config(codebook: int, dim: int, depth: int, heads: int, lookahead: int) -> FlowCV3Config:
@@ -62,27 +92,33 @@ def clip_mel(clip_id: str) -> np.ndarray:
     return prompt_mel(audio, 8000.0, n_fft=1024, hop=HOP, sample_rate=22050)[0].T.numpy()
 
 
-def pairs(split: str, cache: Path) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(tokens [n], mel [4 n, 80] float16)`` of every tokenised clip (mels cached in ``cache``)."""
+def pairs(split: str, cache: Path, allow_missing: bool = False) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """``(tokens [n], mel [4 n, 80] float16)`` of every clip of the committed speech tokens' ``split`` (mels cached
+    in ``cache``), in id order, and how many were left out because the corpus has no wav of them yet (only with
+    ``allow_missing``: a corpus still being built)."""
     tokens = speech_tokens(split)
     cache.mkdir(parents=True, exist_ok=True)
-    out = []
-    for clip in clips(split):
-        codes = tokens.get(clip.id)
-        if codes is None:
-            continue
-        path = cache / f"{clip.id}.npy"
+    out, missing = [], 0
+    for cid in sorted(tokens):
+        codes, path = tokens[cid], cache / f"{cid}.npy"
         if not path.is_file():
-            mel = clip_mel(clip.id).astype(np.float16)
+            if not wav_path(cid).is_file():
+                if not allow_missing:
+                    raise SystemExit(f"{wav_path(cid)} missing: build the corpus (train_voice.sh data), or pass "
+                                     "--allow-missing to train on the clips there so far")
+                missing += 1
+                continue
+            mel = clip_mel(cid).astype(np.float16)
             write_atomic_with(path, lambda fh, m=mel: np.save(fh, m))
         mel = np.load(path)
         n = min(len(codes), mel.shape[0] // RATIO)
         out.append((np.asarray(codes[:n], dtype=np.int64), mel[: RATIO * n]))
-    return out
+    return out, missing
 
 
-def collate(data, idx: list[int], crop: int, rng: random.Random) -> tuple[torch.Tensor, ...]:
-    """tokens [B, N], mel [B, 80, 4N], mask [B, 1, 4N], cond [B, 80, 4N]; utterances cut to ``crop`` tokens."""
+def collate(data, idx: list[int], crop: int, rng: random.Random, prompt_prob: float = 0.0) -> tuple[torch.Tensor, ...]:
+    """tokens [B, N], mel [B, 80, 4N], mask [B, 1, 4N], cond [B, 80, 4N]; utterances cut to ``crop`` tokens, a
+    prompt prefix of up to 30 % of the mel as condition with p = ``prompt_prob`` (upstream 0.5)."""
     cuts = []
     for i in idx:
         codes, mel = data[i]
@@ -97,46 +133,80 @@ def collate(data, idx: list[int], crop: int, rng: random.Random) -> tuple[torch.
         tokens[b, : len(codes)] = torch.from_numpy(codes)
         mel[b, :, : m.shape[0]] = torch.from_numpy(m.astype(np.float32)).T
         mask[b, :, : m.shape[0]] = 1
-        if rng.random() >= 0.5:  # upstream: half the utterances get a prompt prefix of up to 30 %
+        if prompt_prob > 0 and rng.random() < prompt_prob:
             k = rng.randint(0, int(0.3 * m.shape[0]))
             cond[b, :, :k] = mel[b, :, :k]
     return tokens, mel, mask, cond
 
 
-def cfm_loss(flow: FlowCV3, batch: tuple[torch.Tensor, ...], streaming: bool, gen: torch.Generator,
-             bf16: bool) -> torch.Tensor:
+def similar_lengths(order: list[int], batch: int, rng: random.Random) -> list[int]:
+    """``batch`` clips adjacent in ``order`` (indices sorted by length): little padding in a whole-clip batch."""
+    start = rng.randrange(max(1, len(order) - batch + 1))
+    return order[start : start + batch]
+
+
+def conditions(flow: FlowCV3, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mu [B, 80, T]`` of the tokens (padding zeroed, as inference pads) and the one speaker's ``spks [B, 80]``."""
+    token_mask = mask[:, :, ::RATIO].transpose(1, 2)  # [B, N, 1]
+    emb = flow.input_embedding(tokens) * token_mask
+    mu = flow.pre_lookahead_layer(emb).repeat_interleave(RATIO, dim=1).transpose(1, 2)
+    spks = flow.spk_embed_affine_layer(torch.zeros(tokens.shape[0], flow.cfg.spk_embed_dim))  # one speaker: zeros
+    return mu, spks
+
+
+def flow_loss(flow: FlowCV3, batch: tuple[torch.Tensor, ...], recipe: Recipe, streaming: bool,
+              gen: torch.Generator, bf16: bool) -> torch.Tensor:
+    """The recipe's loss on a batch: per row either the one-step regression from t = 0 (p = ``reg_frac``) or a
+    uniform-t CFM velocity MSE; summed over unpadded frames and bins, divided by their count."""
     tokens, x1, mask, cond = batch
     b = tokens.shape[0]
-    token_mask = mask[:, :, ::RATIO].transpose(1, 2)  # [B, N, 1]
-    spks = flow.spk_embed_affine_layer(torch.zeros(b, flow.cfg.spk_embed_dim))  # one speaker: zeros
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        emb = flow.input_embedding(tokens) * token_mask
-        mu = flow.pre_lookahead_layer(emb).repeat_interleave(RATIO, dim=1).transpose(1, 2)  # [B, 80, T]
-        t = torch.rand(b, 1, 1, generator=gen)
+        mu, spks = conditions(flow, tokens, mask)
+        one_step = (torch.rand(b, generator=gen) < recipe.reg_frac)[:, None, None]  # [B, 1, 1]
+        t = torch.where(one_step, 0.0, torch.rand(b, 1, 1, generator=gen))
         z = torch.randn(x1.shape, generator=gen)
         y = (1 - (1 - SIGMA_MIN) * t) * z + t * x1
         u = x1 - (1 - SIGMA_MIN) * z
-        keep = (torch.rand(b, generator=gen) > CFG_DROPOUT).float()
+        keep = (torch.rand(b, generator=gen) >= recipe.cfg_dropout).float()
         pred = flow.decoder.estimator(y, mask, mu * keep[:, None, None], t.flatten(), spks * keep[:, None],
                                       cond * keep[:, None, None], streaming=streaming)
-    return F.mse_loss(pred.float() * mask, u * mask, reduction="sum") / (mask.sum() * u.shape[1])
+    pred = pred.float()
+    one_err = z + pred - x1  # [B, 80, T]: the one-step Euler output (dt = 1) minus the mel
+    reg = one_err.abs() if recipe.reg_loss == "l1" else one_err.square()
+    err = torch.where(one_step, reg, (pred - u).square())
+    return (err * mask).sum() / (mask.sum() * u.shape[1])
 
 
 @torch.no_grad()
-def held_out_loss(flow: FlowCV3, data, crop: int, batch: int, bf16: bool) -> float:
-    """CFM loss on held-out clips with fixed noise and times (comparable across checkpoints)."""
+def held_out(flow: FlowCV3, data, batch: int, bf16: bool) -> dict[str, float]:
+    """``cfm``: the CFM loss with fixed noise and times; ``l1``: mean |x1_hat - mel| of the one-step estimate
+    from the inference's fixed noise (cosine grid, 1 step, no CFG), over every frame of whole clips."""
     flow.eval()
-    rng, gen, losses = random.Random(0), torch.Generator().manual_seed(0), []
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    cfm_sum = l1_sum = frames = 0.0
     for i in range(0, len(data), batch):
-        losses.append(float(cfm_loss(flow, collate(data, list(range(i, min(i + batch, len(data)))), crop, rng),
-                                     False, gen, bf16)))
+        tokens, x1, mask, cond = collate(data, list(range(i, min(i + batch, len(data)))), 10**9, rng)
+        n = float(mask.sum())
+        cfm_sum += n * float(flow_loss(flow, (tokens, x1, mask, cond), Recipe(), False, gen, bf16))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            mu, spks = conditions(flow, tokens, mask)
+            z = fixed_noise(x1.shape[2], "cpu", torch.float32).expand(x1.shape[0], -1, -1)
+            v = flow.decoder.estimator(z, mask, mu, torch.zeros(x1.shape[0]), spks, torch.zeros_like(x1))
+        l1_sum += float(((z + v.float() - x1).abs() * mask).sum()) / 80
+        frames += n
     flow.train()
-    return sum(losses) / max(len(losses), 1)
+    return {"cfm": cfm_sum / frames, "l1": l1_sum / frames}
+
+
+def recipe_of(args: argparse.Namespace) -> Recipe:
+    frac = args.reg_frac if args.objective == "mix" else OBJECTIVES[args.objective]
+    return Recipe(frac, args.reg_loss, args.prompt_prob, args.cfg_dropout)
 
 
 def train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     cfg = flow_config(args.codebook, args.dim, args.depth, args.heads, args.lookahead)
+    recipe, metric = recipe_of(args), "cfm" if args.objective == "cfm" else "l1"
     flow = FlowCV3(cfg).train()
     opt = torch.optim.AdamW(flow.parameters(), lr=args.lr, weight_decay=0.0)
     found = sorted((args.run / "checkpoints").glob("ckpt-*.pt"))
@@ -149,35 +219,47 @@ def train(args: argparse.Namespace) -> None:
     elif args.init is not None:  # a new run starts from the committed voice (float16 flow.pt, official keys)
         flow.load_state_dict({k: v.float() for k, v in torch.load(args.init, weights_only=True).items()})
         log(f"initialised from {args.init}")
-    train_data, val_data = pairs("train", args.run / "mels"), pairs("heldout", args.run / "mels")
+    train_data, missing = pairs("train", args.run / "mels", args.allow_missing)
+    val_data = pairs("heldout", args.run / "mels")[0][: args.val_clips]
+    order = sorted(range(len(train_data)), key=lambda i: len(train_data[i][0]))
     bf16 = args.bf16 and cpu_native_bf16()
     log(f"flow {asdict(cfg.dit)} ({sum(p.numel() for p in flow.parameters()) / 1e6:.1f}M params), "
-        f"{len(train_data)} train / {len(val_data)} held-out clips, resuming at step {step}, bf16 {bf16}")
+        f"{len(train_data)} train ({missing} without a wav yet) / {len(val_data)} held-out clips, "
+        f"{args.objective} {asdict(recipe)}, "
+        f"resuming at step {step}, bf16 {bf16}")
     rng, gen = random.Random(args.seed + step), torch.Generator().manual_seed(args.seed + step)
     t0, seen = time.perf_counter(), 0
     while step < args.steps:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
-        idx = [rng.randrange(len(train_data)) for _ in range(args.batch)]
-        loss = cfm_loss(flow, collate(train_data, idx, args.crop, rng), rng.random() < args.streaming, gen, bf16)
+        idx = (similar_lengths(order, args.batch, rng) if args.by_length
+               else [rng.randrange(len(train_data)) for _ in range(args.batch)])
+        batch = collate(train_data, idx, args.crop, rng, recipe.prompt_prob)
+        loss = flow_loss(flow, batch, recipe, rng.random() < args.streaming, gen, bf16)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(flow.parameters(), 1.0)
         opt.step()
         step, seen = step + 1, seen + 1
         if step % args.log_every == 0:
-            log(f"step {step}: loss {float(loss):.4f} {(time.perf_counter() - t0) / seen:.2f} s/step")
+            log(f"step {step}: loss {loss.item():.4f} {(time.perf_counter() - t0) / seen:.2f} s/step")
         if step % args.val_every == 0 or step == args.steps:
-            val = held_out_loss(flow, val_data, args.crop, args.batch, bf16)
-            log(f"step {step}: held-out CFM loss {val:.4f} (best {min(best, val):.4f})")
-            if val < best:
-                best = val
-                save(args.run / "best.pt", {"model": flow.state_dict(), "step": step, "val": val,
+            val = held_out(flow, val_data, args.batch, bf16)
+            log(f"step {step}: held-out CFM loss {val['cfm']:.4f}, one-step L1 {val['l1']:.4f} "
+                f"(best {metric} {min(best, val[metric]):.4f})")
+            if val[metric] < best:
+                best = val[metric]
+                save(args.run / "best.pt", {"model": flow.state_dict(), "step": step, "val": best, "metric": metric,
+                                            "held_out": val, "recipe": asdict(recipe),
                                             "config": json.loads(json.dumps(asdict(cfg)))})
             save(args.run / "checkpoints" / f"ckpt-{step:08d}.pt",
                  {"model": flow.state_dict(), "optim": opt.state_dict(), "step": step, "best": best})
             for old in sorted((args.run / "checkpoints").glob("ckpt-*.pt"))[:-2]:
                 old.unlink()
+            if missing:  # a corpus still being built: take in the clips spoken since
+                train_data, missing = pairs("train", args.run / "mels", True)
+                order = sorted(range(len(train_data)), key=lambda i: len(train_data[i][0]))
+                log(f"step {step}: {len(train_data)} train clips ({missing} without a wav yet)")
 
 
 def main() -> None:
@@ -193,9 +275,24 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--crop", type=int, default=96, help="tokens per training utterance at most (4.5 s)")
-    ap.add_argument("--streaming", type=float, default=0.5, help="probability of chunk-causal attention")
+    ap.add_argument("--crop", type=int, default=256,
+                    help="tokens per training utterance at most (256 = 11.9 s: every corpus clip whole)")
+    ap.add_argument("--by-length", action=argparse.BooleanOptionalAction, default=True,
+                    help="batch clips of similar length (less padding) instead of uniformly drawn ones")
+    ap.add_argument("--objective", choices=("cfm", "regress", "mix"), default="cfm",
+                    help="cfm: flow matching; regress: one-step decoder from t = 0; mix: both, per row")
+    ap.add_argument("--reg-frac", type=float, default=0.7, help="mix: share of rows regressed from t = 0")
+    ap.add_argument("--reg-loss", choices=("l1", "l2"), default="l1", help="the regression rows' loss")
+    ap.add_argument("--prompt-prob", type=float, default=0.0,
+                    help="share of utterances conditioned on a prefix of their mel (upstream 0.5; specli-en: none)")
+    ap.add_argument("--cfg-dropout", type=float, default=0.0,
+                    help="classifier-free guidance dropout (upstream 0.2; specli-en decodes without CFG)")
+    ap.add_argument("--streaming", type=float, default=0.0,
+                    help="probability of chunk-causal attention (upstream 0.5; specli never streams)")
     ap.add_argument("--val-every", type=int, default=1000)
+    ap.add_argument("--val-clips", type=int, default=100, help="held-out clips validated (first in id order)")
+    ap.add_argument("--allow-missing", action="store_true",
+                    help="train on the clips whose wav exists while the corpus is built; more join at each validation")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)

@@ -38,9 +38,11 @@ step_train() {  # hours: LM and flow side by side, from the committed voice when
     # 500 steps, 1e-4 / 6e-5 kept improving them), and the LM with dropout and input-token noise (it overfits).
     # LM_STEPS=0 trains the flow alone on both cores (0.40 s/step at 2 threads vs 0.75-0.8 beside the LM, fifth
     # session; the LM's fine-tune from the committed voice had levelled off at held-out CE 2.60 vs its 2.58).
-    LM_ARGS="--dropout 0.1 --token-noise 0.05"; FLOW_ARGS="--val-every 250"
+    # The flow: FLOW_OBJECTIVE=cfm|regress|mix (default mix: 70 % of the rows a one-step decoder from t = 0, the
+    # rest flow matching), with specli-en's inference recipe (no streaming, no prompt, no CFG dropout, whole clips).
+    LM_ARGS="--dropout 0.1 --token-noise 0.05"; FLOW_ARGS="--val-every 250 --objective ${FLOW_OBJECTIVE:-mix}"
     [ -f "$VOICE/llm.pt" ] && LM_ARGS="$LM_ARGS --init $VOICE/llm.pt --lr 1e-4 --warmup 50 --val-every 250"
-    [ -f "$VOICE/flow.pt" ] && FLOW_ARGS="$FLOW_ARGS --init $VOICE/flow.pt --lr 6e-5 --warmup 50"
+    [ -f "$VOICE/flow.pt" ] && FLOW_ARGS="$FLOW_ARGS --init $VOICE/flow.pt --lr 1e-4 --warmup 100"
     FLOW_RUN="$RUN"
     if [ "$LM_STEPS" -gt 0 ]; then
         $RUN scripts/voice/train_lm.py --run "$W/train/lm" --blank data/voice/blank --codebook $CODEBOOK \
@@ -52,12 +54,13 @@ step_train() {  # hours: LM and flow side by side, from the committed voice when
         --steps "$FLOW_STEPS" $FLOW_ARGS >> "$W/logs/flow.log" 2>&1 &
     wait
 }
-step_assemble() {  # the model directory, checked through specli's loaders (only the flow when no LM was trained)
+step_assemble() {  # the model directory, checked through specli's loaders (only the flow when no LM was trained);
+    # ASSEMBLE_ARGS="--flow-steps 1 --cfg-rate 0": the voice decodes in one step without guidance (a mix/regress flow)
     if [ -f "$W/train/lm/best.pt" ]; then
         $RUN scripts/voice/assemble.py --lm "$W/train/lm/best.pt" --flow "$W/train/flow/best.pt" \
-            --blank data/voice/blank --onnx "$W/tokenizer/speech_tokenizer_v3.onnx" --out "$VOICE"
+            --blank data/voice/blank --onnx "$W/tokenizer/speech_tokenizer_v3.onnx" --out "$VOICE" $ASSEMBLE_ARGS
     else
-        $RUN scripts/voice/assemble.py --from "$VOICE" --flow "$W/train/flow/best.pt" --out "$VOICE"
+        $RUN scripts/voice/assemble.py --from "$VOICE" --flow "$W/train/flow/best.pt" --out "$VOICE" $ASSEMBLE_ARGS
     fi
 }
 

@@ -42,7 +42,7 @@ Estimator = Callable[..., torch.Tensor]
 class CFMSettings:
     """The ``cfm_params`` of the yaml that inference reads."""
 
-    n_timesteps: int = 10  # Euler steps (upstream passes 10 from flow.inference)
+    n_timesteps: int = 10  # Euler steps (upstream passes 10 from flow.inference; a voice's yaml may set its own)
     inference_cfg_rate: float = 0.7  # classifier-free guidance weight w
     t_scheduler: Literal["cosine", "linear"] = "cosine"  # cosine: t = 1 - cos(pi t / 2); linear: t as is
     mel_bins: int = 80  # channels of the noise / output mel
@@ -66,7 +66,10 @@ class CFMSettings:
         solver = content.get("solver", "euler")
         if solver != "euler":
             raise ValueError(f"cfm solver {solver!r} is not supported (euler)")
-        return cls(inference_cfg_rate=float(content.get("inference_cfg_rate", 0.7)),
+        # n_timesteps is specli's own optional key (upstream's flow.inference passes 10 and never reads it): a voice
+        # trained to decode in fewer steps says so in its yaml; official yamls lack it and keep 10
+        return cls(n_timesteps=int(content.get("n_timesteps", 10)),
+                   inference_cfg_rate=float(content.get("inference_cfg_rate", 0.7)),
                    t_scheduler=content.get("t_scheduler", "cosine"))
 
 

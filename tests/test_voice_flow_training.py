@@ -1,0 +1,111 @@
+"""scripts/voice/train_flow.py's one-step decoder and the voice yaml's own flow steps: a tiny DiT trained by the
+regression objective decodes its training mel in one Euler step of the official solver; an official-structure yaml
+keeps 10 steps and CFG 0.7, a voice's ``n_timesteps`` / ``inference_cfg_rate`` (written by assemble.py) are read."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flow_fixtures import TINY_FLOW_YAML
+
+from specli.models.cosyvoice.yaml import read_hyperpyyaml
+from specli.tts.acoustic.cfm import CFMSettings
+from specli.tts.acoustic.flow import flow_config
+from specli.tts.acoustic.flow_cv3 import DiTConfig, FlowCV3, FlowCV3Config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "voice"))
+
+import train_flow as T  # noqa: E402
+
+_HEADER = "spk_embed_dim: 192\ntoken_frame_rate: 25\ntoken_mel_ratio: 2\nchunk_size: 25\n"
+# one Euler step without guidance: what a voice trained as a one-step decoder puts in its yaml
+ONE_STEP = CFMSettings(n_timesteps=1, inference_cfg_rate=0.0)
+
+
+def _tiny_flow() -> FlowCV3:
+    torch.manual_seed(0)
+    dit = DiTConfig(dim=64, depth=2, heads=2, dim_head=32, ff_mult=2, static_chunk_size=16)
+    return FlowCV3(FlowCV3Config(vocab_size=16, token_mel_ratio=T.RATIO, lookahead_channels=16, dit=dit, cfm=ONE_STEP))
+
+
+def _clips() -> list[tuple[np.ndarray, np.ndarray]]:
+    """Two clips whose mel frames are each token's own random frame, 4 a token (as the corpus's are)."""
+    g = np.random.default_rng(0)
+    table = g.normal(size=(16, 80)).astype(np.float32)  # [codes, 80]
+    out = []
+    for n in (10, 14):
+        codes = g.integers(0, 16, n).astype(np.int64)
+        out.append((codes, np.repeat(table[codes], T.RATIO, axis=0).astype(np.float16)))  # [4 n, 80]
+    return out
+
+
+def _one_step_error(flow: FlowCV3, clips) -> float:
+    """Mean |mel - flow.inference| through the official solver (fixed noise, 1 step, no CFG), no prompt."""
+    errs = []
+    for codes, mel in clips:
+        out = flow.inference(torch.from_numpy(codes)[None], torch.zeros(1, 0, dtype=torch.long),
+                             torch.zeros(1, 0, 80), torch.zeros(1, 192))  # [1, 80, 4 n]
+        errs.append(float((out[0].T - torch.from_numpy(mel.astype(np.float32))).abs().mean()))
+    return float(np.mean(errs))
+
+
+def test_regression_objective_trains_a_one_step_decoder() -> None:
+    flow, clips = _tiny_flow().train(), _clips()
+    before = _one_step_error(flow.eval(), clips)
+    flow.train()
+    opt = torch.optim.Adam(flow.parameters(), lr=3e-3)
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    recipe = T.Recipe(reg_frac=1.0)  # --objective regress: every row at t = 0, L1 on z + v(z, 0) - mel
+    losses = []
+    for _ in range(300):  # random noise each step; judged below at the inference's fixed noise
+        loss = T.flow_loss(flow, T.collate(clips, [0, 1], 256, rng), recipe, False, gen, False)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    after = _one_step_error(flow.eval(), clips)
+    assert np.mean(losses[-20:]) < 0.4 * np.mean(losses[:5])  # the loss falls
+    # the mel's frames are N(0, 1): 1.25 before (noise + untrained), measured 0.29 after; predicting the average
+    # frame would score ~0.8, so the one step reads the tokens
+    assert before > 1.0 and after < 0.4
+
+
+def test_recipe_rows_regress_from_t0_or_flow_match() -> None:
+    """The regression rows' loss is the L1 of the one-step output; reg_frac 0 is upstream's CFM loss."""
+    flow, clips = _tiny_flow().eval(), _clips()
+    batch = T.collate(clips, [0, 1], 256, random.Random(0))
+    tokens, x1, mask, cond = batch
+    with torch.no_grad():
+        reg = T.flow_loss(flow, batch, T.Recipe(reg_frac=1.0), False, torch.Generator().manual_seed(1), False)
+        cfm = T.flow_loss(flow, batch, T.Recipe(), False, torch.Generator().manual_seed(1), False)
+        gen = torch.Generator().manual_seed(1)  # the draws of flow_loss, in its order
+        torch.rand(2, generator=gen), torch.rand(2, 1, 1, generator=gen)
+        z = torch.randn(x1.shape, generator=gen)
+        mu, spks = T.conditions(flow, tokens, mask)
+        v = flow.decoder.estimator(z, mask, mu, torch.zeros(2), spks, cond)
+        want = ((z + v - x1).abs() * mask).sum() / (mask.sum() * 80)
+    assert float(reg) == pytest.approx(float(want), rel=1e-5)
+    assert float(cfm) != pytest.approx(float(reg), rel=1e-2)
+
+
+def test_official_yaml_keeps_ten_steps_and_the_voice_key_is_read(tmp_path: Path) -> None:
+    import assemble
+
+    def cfm_of(text: str) -> CFMSettings:
+        (tmp_path / "c.yaml").write_text(_HEADER + text)
+        return flow_config(read_hyperpyyaml(tmp_path / "c.yaml")["flow"], "cosyvoice3").cfm
+
+    official = cfm_of(TINY_FLOW_YAML)  # upstream's cfm_params: no n_timesteps key
+    assert (official.n_timesteps, official.inference_cfg_rate) == (10, 0.7)
+    voice = assemble.with_cfm_keys(TINY_FLOW_YAML, 1, 0.0)
+    assert cfm_of(voice) == ONE_STEP
+    assert cfm_of(assemble.with_cfm_keys(voice, 4, None)) == CFMSettings(n_timesteps=4, inference_cfg_rate=0.0)
+    shipped = Path(__file__).resolve().parent.parent / "specli" / "voices" / "specli-en" / "cosyvoice3.yaml"
+    assert "n_timesteps" in assemble.with_cfm_keys(shipped.read_text(encoding="utf-8"), 2, None)
+    with pytest.raises(ValueError, match="at least one"):
+        assemble.with_cfm_keys(TINY_FLOW_YAML, 0, None)

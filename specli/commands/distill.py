@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from specli.io.outputs import make_output_dir
+from specli.io.outputs import check_output_dir
 from specli.asr.drafters.eagle_head import load_head
 from specli.asr.language import check_model_name, check_model_support, normalize_language
 from specli.asr.pipeline import discover
@@ -134,7 +134,7 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size
         click.echo(f"error: {outcome.error}", err=True)
     if not found:
         raise SpecliError("no audio input")
-    make_output_dir(out, "the --out directory")  # a usage error before the model loads
+    check_output_dir(out, "the --out directory")  # a usage error before the model loads
     model = _load_target(preset_name, dtype)
     check_model_support(model.special, preset.model, task, language)
     progress = None if quiet else (lambda msg, done, total: click.echo(f"[{done}/{total}] {msg}", err=True))
@@ -202,8 +202,6 @@ def train(data_dirs, preset_name, out, val_dirs, val_windows, dtype, epochs, ste
     Audio-LLM presets: --drafter eagle3 or dflash (the family's layers and block), --model, --layers, --block,
     --anchors; no validation decode (check the drafter with `transcribe` or `bench`).
     Given with a preset of the other family, these are an error (exit 2)."""
-    if out is not None:
-        make_output_dir(out, "the --out directory")  # a usage error before any model loads
     if is_audio_lm_preset(preset_name):
         check_flags(AUDIO_LM_TRAIN_FLAGS)
         train_fn, out = audio_lm_training(data_dirs, preset_name, out, model, drafter=drafter, layers=layers,

@@ -18,7 +18,7 @@ from specli.errors import PresetError
 from specli.models.cosyvoice.lm import KNOWN_MODELS
 from specli.models.cosyvoice.voices import SHIPPED_VOICES, VOICE_PRESETS
 from specli.presets.synthesis import load_synthesis_preset
-from specli.io.outputs import make_output_dir
+from specli.io.outputs import check_output_dir
 from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
 from specli.tts.acoustic.pipeline import AUDIO_DTYPES
 from specli.tts.audio_out import AudioOptions, AudioOutcome, audio_path
@@ -107,7 +107,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
     if threads:
         torch.set_num_threads(threads)
     p = load_synthesis_preset(preset or _default_preset(model))
-    make_output_dir(output_dir)  # a usage error before the model loads
+    check_output_dir(output_dir)  # a usage error before the model loads
     try:
         synth = load_synthesizer(p, model, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed,
                                  device)

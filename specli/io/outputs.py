@@ -1,5 +1,5 @@
 """Where a batch's outputs go: one name per input (mirrored input paths, a path tag where two would meet) and
-an output directory made and proven writable before any model loads."""
+an output directory proven usable before any model loads."""
 
 from __future__ import annotations
 
@@ -33,22 +33,19 @@ def mirrored_bases(found: Sequence[tuple[Path, Path]], output_dir: Path) -> list
     return [tagged(base, f) if counts[base] > 1 else base for (f, _root), base in zip(found, bases)]
 
 
-def make_output_dir(path: Path, option: str = "the output directory") -> None:
-    """Create ``path`` (and its parents) and prove a file can be written there, before any work: :class:`UsageError`
-    (exit 2) with the real reason otherwise (a file in the way, a read-only or virtual file system, no permission).
-    Safe when several processes make the same directory at once."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".specli-probe-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise UsageError(f"cannot create {option} {path}: {_in_the_way(path) or exc.strerror or exc}") from exc
-
-
-def _in_the_way(path: Path) -> str:
-    """"X is not a directory" when ``path`` or its nearest existing ancestor is something else than a directory."""
+def check_output_dir(path: Path, option: str = "the output directory") -> None:
+    """Prove ``path`` can take outputs before any work, creating nothing: a file can be made in it, or (when it
+    does not exist yet) in its nearest existing ancestor, which must be a directory (a probe file, removed at
+    once; each process its own, so runs starting together do not disturb each other). :class:`UsageError` (exit 2)
+    with the real reason otherwise (a file in the way, a read-only or virtual file system, no permission)."""
     probe = path.absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    return "" if probe.is_dir() else f"{probe} is not a directory"
+    if not probe.is_dir():
+        raise UsageError(f"cannot create {option} {path}: {probe} is not a directory")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".specli-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise UsageError(f"cannot create {option} {path}: {exc.strerror or exc}") from exc

@@ -181,7 +181,7 @@ def test_a_run_manifest_that_cannot_be_written_is_a_usage_error(tmp_path, no_mod
     res = CliRunner().invoke(main, ["transcribe", str(SHORT[0]), *TINY, "-o", str(tmp_path / "out"),
                                     "--run-manifest", str(blocker / "m.jsonl")])
     assert res.exit_code == 2, res.output
-    assert f"cannot write the run manifest {blocker / 'm.jsonl'}: {blocker} is not a directory" in res.output
+    assert f"cannot create the run manifest's directory {blocker}: {blocker} is not a directory" in res.output
     assert not (tmp_path / "out").exists()
 
 

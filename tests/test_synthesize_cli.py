@@ -41,7 +41,7 @@ def _outputs(folder):
 
 def test_batch_with_bad_lines_resume_and_overwrite(tmp_path, cv2):
     lines = tmp_path / "lines.txt"
-    lines.write_text("hi\n\nok then\n" + "word " * 60 + "\n")
+    lines.write_text("hi\n\nok then\n" + "w" * 600 + "\n")  # too long, and no boundary to split it at
     manifest = tmp_path / "set.jsonl"
     manifest.write_text("\n".join([
         json.dumps({"id": "m1", "text": "yes", "prompt_text": "a b", "prompt_tokens": [1, 2, 3]}),

@@ -6,7 +6,6 @@ options, call :func:`run_batch` and print.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -27,6 +26,7 @@ from specli.io.resume import ResumeMode, SourceFile, decide, sidecar_path, write
 from specli.asr.vad import VadOptions, speech_steps
 from specli.asr.writers import WRITERS, SubtitleOptions, result_record, to_json
 from specli.io.atomic import remove_stale_parts, write_atomic
+from specli.io.outputs import mirrored_bases
 
 
 @dataclass(frozen=True)
@@ -99,17 +99,7 @@ def audio_files(folder: Path) -> list[Path]:
 
 def plan_outputs(found: Sequence[tuple[Path, Path]], output_dir: Path) -> list[InputFile]:
     """Output base paths mirror each file's path under its root; collisions get a path hash."""
-    bases = [output_dir / f.relative_to(root).with_suffix("") for f, root in found]
-    counts: dict[Path, int] = {}
-    for b in bases:
-        counts[b] = counts.get(b, 0) + 1
-    items = []
-    for (f, _root), base in zip(found, bases):
-        if counts[base] > 1:
-            digest = hashlib.sha1(str(f.resolve()).encode()).hexdigest()[:8]
-            base = base.with_name(f"{base.name}-{digest}")
-        items.append(InputFile(f, base))
-    return items
+    return [InputFile(f, base) for (f, _root), base in zip(found, mirrored_bases(found, output_dir))]
 
 
 def output_paths(item: InputFile, formats: Sequence[str]) -> list[Path]:

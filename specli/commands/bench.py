@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from specli.io.outputs import check_output_dir
 from specli.bench.peers import COMPUTE_TYPES, PEERS, BenchError, parse_peer
 from specli.bench.render import write_report
 from specli.bench.report import Bins
@@ -101,6 +102,7 @@ def bench(inputs, presets, baseline, peers, peer_timeout, references, repeat, wa
     if from_runs is not None:
         if batch_sizes:
             raise click.UsageError("--from-runs rebuilds a per-file report; it takes no --batch-sizes")
+        check_output_dir(out, "the --out directory")  # a usage error before the runs are read
         report = report_from_runs(from_runs, references, None if bins is None else Bins(bins))
         _finish(report, out, plots)
         return
@@ -108,6 +110,7 @@ def bench(inputs, presets, baseline, peers, peer_timeout, references, repeat, wa
         raise click.UsageError("give INPUTS to measure (or --from-runs to rebuild a report)")
     if not presets:
         raise click.UsageError("missing option '--presets'")
+    check_output_dir(out, "the --out directory")  # a usage error before any model loads
     if _synthesis_presets(presets):
         if batch_sizes:
             raise click.UsageError("--batch-sizes measures transcription presets, not synthesis presets")

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from specli.io.outputs import check_output_dir
 from specli.asr.drafters.eagle_head import load_head
 from specli.asr.language import check_model_name, check_model_support, normalize_language
 from specli.asr.pipeline import discover
@@ -133,6 +134,7 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size
         click.echo(f"error: {outcome.error}", err=True)
     if not found:
         raise SpecliError("no audio input")
+    check_output_dir(out, "the --out directory")  # a usage error before the model loads
     model = _load_target(preset_name, dtype)
     check_model_support(model.special, preset.model, task, language)
     progress = None if quiet else (lambda msg, done, total: click.echo(f"[{done}/{total}] {msg}", err=True))

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from specli.io.outputs import check_output_dir
 from specli.asr.fallback import DecodingOptions
 from specli.asr.language import normalize_language
 from specli.asr.pipeline import discover
@@ -70,6 +71,7 @@ def run_audio_lm_data(inputs, preset_name: str, out: Path, task: str, language: 
         click.echo(f"error: {outcome.error}", err=True)
     if not found:
         raise SpecliError("no audio input")
+    check_output_dir(out, "the --out directory")  # a usage error before the model loads
     loaded = load_audio_lm(preset_name, model)
     language = normalize_language(language)
     loaded.speech_hooks().check_support(model or load_any_preset(preset_name).model, task, language)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from specli.io.outputs import check_output_dir
 from specli.core.device import resolve_device
 from specli.core.sampling import SamplerOptions
 from specli.distill.data import load_windows
@@ -61,6 +62,7 @@ def run_speech_data(inputs, texts, preset_name: str, out: Path, model: str | Non
         opts_kw = dict(seed=seed, aux_layers=layers, per_shard=per_shard)
     except ValueError as exc:
         raise click.BadParameter(f"--aux-layers must be comma-separated integers: {exc}") from exc
+    check_output_dir(out, "the --out directory")  # a usage error before the model loads
     loaded, sampler_opts = load_speech_target(preset_name, model, sampler)
     try:
         opts = SpeechDataOptions(sampler=sampler_opts, **opts_kw)

@@ -18,6 +18,7 @@ from specli.errors import PresetError
 from specli.models.cosyvoice.lm import KNOWN_MODELS
 from specli.models.cosyvoice.voices import SHIPPED_VOICES, VOICE_PRESETS
 from specli.presets.synthesis import load_synthesis_preset
+from specli.io.outputs import check_output_dir
 from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
 from specli.tts.acoustic.pipeline import AUDIO_DTYPES
 from specli.tts.audio_out import AudioOptions, AudioOutcome, audio_path
@@ -106,6 +107,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
     if threads:
         torch.set_num_threads(threads)
     p = load_synthesis_preset(preset or _default_preset(model))
+    check_output_dir(output_dir)  # a usage error before the model loads
     try:
         synth = load_synthesizer(p, model, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed,
                                  device)
@@ -145,7 +147,9 @@ def _resume(synth: Synthesizer, preset: str, overwrite: bool, skip_existing: boo
     or every one (--overwrite), or none (--skip-existing)."""
     mode = "overwrite" if overwrite else "skip-existing" if skip_existing else "changed"
     return Resume(synthesis_settings(synth, preset), mode,
-                  on_redo=lambda rid, why: click.echo(f"redoing {rid}: {why}", err=True))
+                  on_redo=lambda rid, why: click.echo(f"redoing {rid}: {why}", err=True),
+                  on_rename=lambda rid, new, other: click.echo(
+                      f"naming {rid} {new}: the output named {rid} was made from {other}", err=True))
 
 
 def _row(out: SpeechOutcome | AudioOutcome, fmt: str, output_dir: Path, with_record: bool) -> dict:

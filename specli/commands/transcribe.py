@@ -30,7 +30,7 @@ from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size
 from specli.asr.vad import VadOptions, load_vad
 from specli.asr.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from specli.asr.writers import FORMATS, SubtitleOptions, json_line
-from specli.io.outdir import uncreatable_dir
+from specli.io.outputs import check_output_dir
 
 
 # the one option list of both commands (decorators, in --help order)
@@ -169,12 +169,9 @@ def _load(task: str, kw: dict, p: Preset, language: str | None) -> Engine:
 def _check_outputs(output_dir: Path, run_manifest: Path | None) -> None:
     """Refuse (usage error) an output directory or run manifest that could not be created, before any model
     loads; nothing is created here, so a rejected run leaves no trace."""
-    why = uncreatable_dir(output_dir)
-    if why:
-        raise click.UsageError(f"cannot create the output directory {output_dir}: {why}")
-    why = None if run_manifest is None else uncreatable_dir(run_manifest.absolute().parent)
-    if why:
-        raise click.UsageError(f"cannot write the run manifest {run_manifest}: {why}")
+    check_output_dir(output_dir)
+    if run_manifest is not None:
+        check_output_dir(run_manifest.absolute().parent, "the run manifest's directory")
 
 
 def _run(task: str, kw: dict) -> None:

@@ -2,7 +2,8 @@
 
 Beside :mod:`specli.tts.pipeline` (speech tokens only): the same input items, one ``<id>.wav`` /
 ``<id>.flac`` per utterance written atomically (resumed as there: kept when its sidecar records the same
-settings, which for audio add the format, rate, seed, voice and the flow / HiFT checkpoints), a bad
+settings, which for audio add the format, rate, voice, the flow / vocoder checkpoints and, with HiFT, the seed of
+its noise), a bad
 line or an utterance that cannot be rendered reported with its position while the batch goes on, and a
 JSON record with the audio duration and per-stage real-time factors (LLM / flow / vocoder seconds per
 second of audio).
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specli.tts.acoustic.pipeline import (AUDIO_DTYPES, AudioDtype, AudioFormat, RenderedAudio, RenderError,
@@ -30,8 +32,9 @@ from specli.core.sampling import request_generator
 from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, SynthesisResult, Synthesizer
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT
 from specli.errors import AudioError, UsageError
-from specli.tts.pipeline import (InOrder, Resume, SpeechItem, content_fingerprint, request_settings, result_record,
-                                 run_items, settled_item, synthesis_settings, write_output)
+from specli.tts.pipeline import (InOrder, OutputWriteError, Resume, SpeechItem, content_fingerprint, own_outputs,
+                                 request_settings, result_record, run_items, settled_item, synthesis_settings,
+                                 write_output)
 
 __all__ = ["AudioOptions", "AudioOutcome", "Voice", "audio_path", "audio_record", "audio_settings", "prepare_voice",
            "run_audio_synthesis", "vocoder_generator", "voice_settings"]
@@ -169,15 +172,26 @@ def _line_voice(vocalizer: Vocalizer, item: SpeechItem, run_voice: Voice,
                           prompt_tokens=request.prompt_tokens or voice.prompt_tokens)
 
 
-def _render_one(synth: Synthesizer, vocalizer: Vocalizer, request: SynthesisRequest, where: str, path: Path,
+def _render_one(synth: Synthesizer, vocalizer: Vocalizer, item: SpeechItem, request: SynthesisRequest, path: Path,
                 settings: dict, options: AudioOptions, voice: Voice) -> AudioOutcome:
-    """Speak one request to ``path`` (its sidecar with ``settings`` and the record first)."""
+    """Speak one line's ``request`` to ``path`` (its sidecar with ``settings`` and the record first)."""
     t0 = time.perf_counter()
     result = synth.synthesize(request)
     llm_seconds = time.perf_counter() - t0
-    audio = vocalizer.render(result.tokens, voice.flow, vocoder_generator(options.seed, request.id),
-                             options.sample_rate)
-    return _write_audio(AudioOutcome(where, request.id, result, audio, path, llm_seconds), settings, options)
+    audio = joined_audio([vocalizer.render(tokens, voice.flow, vocoder_generator(options.seed, pid),
+                                           options.sample_rate) for pid, tokens in result.segments()])
+    return _write_audio(AudioOutcome(item.where, request.id, result, audio, path, llm_seconds), settings, options,
+                        item.source)
+
+
+def joined_audio(parts: list[RenderedAudio]) -> RenderedAudio:
+    """The audio of a line spoken in pieces: the pieces' samples one after another (no gap, as upstream joins
+    the speech of its text pieces), stage counters and times added up."""
+    if len(parts) == 1:
+        return parts[0]
+    return RenderedAudio(np.concatenate([p.audio for p in parts]), parts[0].sample_rate,
+                         sum(p.flow_tokens for p in parts), sum(p.mel_frames for p in parts),
+                         sum(p.flow_seconds for p in parts), sum(p.vocoder_seconds for p in parts))
 
 
 def vocoder_generator(seed: int, request_id: str) -> torch.Generator:
@@ -186,11 +200,15 @@ def vocoder_generator(seed: int, request_id: str) -> torch.Generator:
     return request_generator(seed, request_id + _VOCODER_KEY, "cpu")
 
 
-def _write_audio(outcome: AudioOutcome, settings: dict, options: AudioOptions) -> AudioOutcome:
-    """Encode and write a rendered outcome's audio (sidecar with ``settings`` and the record first)."""
-    record = audio_record(outcome)
+def _write_audio(outcome: AudioOutcome, settings: dict, options: AudioOptions, source: str) -> AudioOutcome:
+    """Encode and write a rendered outcome's audio (sidecar with ``settings`` and the record, naming the line's
+    ``source``, first); a file that cannot be written fails this line only."""
+    record = audio_record(outcome, source)
     audio = outcome.audio
-    write_output(outcome.path, encode_audio(audio.audio, audio.sample_rate, options.format), settings, record)
+    try:
+        write_output(outcome.path, encode_audio(audio.audio, audio.sample_rate, options.format), settings, record)
+    except OutputWriteError as exc:
+        return AudioOutcome(outcome.where, outcome.id, error=str(exc))
     return replace(outcome, record=record)
 
 
@@ -206,7 +224,10 @@ def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[Sp
     in the shared decode."""
     voice = voice or Voice(VoicePrompt.none(vocalizer.spec.mel.n_mels))
     resume = resume or Resume(synthesis_settings(synth), "overwrite" if overwrite else "changed")
-    run_settings = {**resume.settings, "seed": options.seed, "audio": audio_settings(vocalizer, options)}
+    run_settings = {**resume.settings, "audio": audio_settings(vocalizer, options)}
+    if vocalizer.spec.vocoder == "hift":  # HiFT draws its source noise from the seed; HiFi-GAN draws none
+        run_settings["seed"] = options.seed
+    items = own_outputs(items, lambda rid: audio_path(output_dir, rid, options.format), resume)
     cache: dict[tuple[str, str], Voice] = {}
     digests: dict[str, str] = {}  # a line's prompt recording -> its content fingerprint
 
@@ -225,7 +246,7 @@ def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[Sp
 
     def produce(it: SpeechItem, path: Path, settings: dict) -> AudioOutcome:
         line_voice, request = _line_voice(vocalizer, it, voice, cache)
-        return _render_one(synth, vocalizer, request, it.where, path, settings, options, line_voice)
+        return _render_one(synth, vocalizer, it, request, path, settings, options, line_voice)
 
     return run_items(synth, items, resume, target, AudioOutcome, produce, _LINE_ERRORS, on_outcome)
 
@@ -278,23 +299,36 @@ def _run_audio_batched(synth: Synthesizer, vocalizer: Vocalizer, items: list[Spe
 
 def _render_done(vocalizer: Vocalizer, items: list[SpeechItem], done: list[tuple[_Row, SynthesisResult]],
                  options: AudioOptions, order: InOrder[AudioOutcome]) -> None:
-    """Render and write the rows the LLM finished, settling each outcome as its file is written."""
-    jobs = [(res.tokens, row.voice.flow, vocoder_generator(options.seed, row.request.id)) for row, res in done]
+    """Render and write the rows the LLM finished (each piece of a line spoken in pieces a render job of its
+    own), settling each outcome as its file is written."""
+    jobs, owner = [], []  # owner[j]: the done row whose piece job j renders
+    for d, (row, res) in enumerate(done):
+        for pid, tokens in res.segments():
+            jobs.append((tokens, row.voice.flow, vocoder_generator(options.seed, pid)))
+            owner.append(d)
+    parts: dict[int, dict[int, RenderedAudio | RenderError]] = {d: {} for d in range(len(done))}
+    counts = {d: owner.count(d) for d in parts}
     for j, audio in vocalizer.render_rows(jobs, options.sample_rate):
-        row, res = done[j]
-        where = items[row.k].where
-        if isinstance(audio, RenderError):
-            order.settle(row.k, AudioOutcome(where, row.request.id, error=str(audio)))
+        d = owner[j]
+        parts[d][j] = audio
+        if len(parts[d]) < counts[d]:
             continue
-        outcome = AudioOutcome(where, row.request.id, res, audio, row.path, res.stats.decode_seconds)
-        order.settle(row.k, _write_audio(outcome, row.settings, options))
+        row, res = done[d]
+        where = items[row.k].where
+        pieces = [parts[d][k] for k in sorted(parts[d])]
+        failed = next((a for a in pieces if isinstance(a, RenderError)), None)
+        if failed is not None:
+            order.settle(row.k, AudioOutcome(where, row.request.id, error=str(failed)))
+            continue
+        outcome = AudioOutcome(where, row.request.id, res, joined_audio(pieces), row.path, res.stats.decode_seconds)
+        order.settle(row.k, _write_audio(outcome, row.settings, options, items[row.k].source))
 
 
-def audio_record(outcome: AudioOutcome) -> dict:
+def audio_record(outcome: AudioOutcome, source: str = "") -> dict:
     """The JSONL record of one utterance rendered to audio (the token record + audio and stage times)."""
     if outcome.result is None or outcome.audio is None or outcome.path is None:
         raise ValueError("only a rendered outcome has a record")
-    audio, rec = outcome.audio, result_record(outcome.result)
+    audio, rec = outcome.audio, result_record(outcome.result, source)
     seconds = {"llm": outcome.llm_seconds, "flow": audio.flow_seconds, "vocoder": audio.vocoder_seconds}
     seconds["total"] = sum(seconds.values())
     dur = audio.duration

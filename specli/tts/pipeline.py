@@ -16,15 +16,16 @@ import hashlib
 import io
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Generic, TypeVar
 
 import numpy as np
 
-from specli.io.atomic import write_atomic_with
-from specli.io.resume import ResumeMode, decide, file_fingerprint, sidecar_path, write_sidecar
+from specli.io.atomic import remove_stale_parts, write_atomic_with
+from specli.io.outputs import mirrored_bases, path_tag
+from specli.io.resume import ResumeMode, decide, file_fingerprint, read_sidecar, sidecar_path, write_sidecar
 from specli.models.cosyvoice.lm import CosyVoiceModel, lm_fingerprint
 from specli.core.drafters.llm.loading import resolve_drafter_dir
 from specli.tts.synthesis import SynthesisInputError, SynthesisOptions, SynthesisRequest, SynthesisResult, Synthesizer
@@ -40,6 +41,8 @@ class SpeechItem:
     request: SynthesisRequest | None  # None when the line is bad
     error: str = ""  # why the line is bad
     prompt_wav: str = ""  # a manifest line's voice prompt recording (audio output only; see speech_audio.py)
+    source: str = ""  # the input it came from: a file's resolved path, "--text" or "<stdin>" (its records' "source")
+    fallback_id: str = ""  # the id it takes when the output under its id was made from another input ("": none)
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ def _safe(name: str) -> str:
     return _SAFE_ID.sub("_", name).strip("._") or "utt"
 
 
-def _manifest_item(where: str, line: str, default_id: str, base: Path | None = None) -> SpeechItem:
+def _manifest_item(where: str, line: str, default_id: str, base: Path | None = None, tag: str = "") -> SpeechItem:
     try:
         rec = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -82,7 +85,7 @@ def _manifest_item(where: str, line: str, default_id: str, base: Path | None = N
         return SpeechItem(where, None, "id must be a non-empty string")
     wav_path = "" if not wav else str(base / wav if base is not None else Path(wav))
     return SpeechItem(where, SynthesisRequest(_safe(str(rid)), rec["text"], prompt_text, tuple(tokens or ())),
-                      prompt_wav=wav_path)
+                      prompt_wav=wav_path, fallback_id=_safe(f"{rid}-{tag}") if tag else "")
 
 
 def _decoded(raw_lines: Iterable[bytes | str]) -> Iterator[tuple[int, str | None, str]]:
@@ -100,39 +103,76 @@ def _decoded(raw_lines: Iterable[bytes | str]) -> Iterator[tuple[int, str | None
             yield n, None, f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
 
 
-def _lines(name: str, raw_lines: Iterable[bytes | str], stem: str, manifest: bool) -> Iterator[SpeechItem]:
+@dataclass(frozen=True)
+class _Input:
+    """One input of the batch and how its lines are named."""
+
+    name: str  # as given ("<stdin>" for '-')
+    stem: str  # its text lines' id prefix: the mirrored file name, tagged when another input's would be the same
+    source: str  # its items' source (a file's resolved path, or "<stdin>")
+    tag: str = ""  # a file's path tag: the fallback ids of its lines carry it ("": none)
+    manifest: bool = False  # a *.jsonl manifest (ids its own)
+
+
+def _lines(src: _Input, raw_lines: Iterable[bytes | str]) -> Iterator[SpeechItem]:
     for n, line, why in _decoded(raw_lines):
-        where, default_id = f"{name}:{n}", f"{stem}_{n:05d}"
+        where, default_id = f"{src.name}:{n}", f"{src.stem}_{n:05d}"
         if line is None:
-            yield SpeechItem(where, None, why)
-        elif manifest:
+            yield SpeechItem(where, None, why, source=src.source)
+        elif src.manifest:
             if line.strip():
-                yield _manifest_item(where, line, default_id, Path(name).parent)
+                yield replace(_manifest_item(where, line, default_id, Path(src.name).parent, src.tag),
+                              source=src.source)
         elif not line.strip():
-            yield SpeechItem(where, None, "empty line")
+            yield SpeechItem(where, None, "empty line", source=src.source)
         else:
-            yield SpeechItem(where, SynthesisRequest(default_id, line.strip()))
+            fallback = f"{src.stem}-{src.tag}_{n:05d}" if src.tag and not src.stem.endswith(src.tag) else ""
+            yield SpeechItem(where, SynthesisRequest(default_id, line.strip()), source=src.source,
+                             fallback_id=fallback)
+
+
+def _named_inputs(inputs: Sequence[str], texts: bool) -> list[_Input]:
+    """Every input named as transcription names its outputs (:func:`~specli.io.outputs.mirrored_bases`): a text
+    file's lines are ``<file stem>_<line>``, with the file's path tag when another input of the run (or ``--text``,
+    ``-``) would give the same names; stdin's ``stdin_<n>``."""
+    files = [Path(n) for n in inputs if n != "-"]
+    reserved = [Path(r) for r, used in (("text", texts), ("stdin", "-" in inputs)) if used]  # --text and '-' ids
+    bases = mirrored_bases([(f, f.parent) for f in files] + [(r, Path()) for r in reserved], Path())
+    named = iter(zip(files, bases))
+    out = []
+    for name in inputs:
+        if name == "-":
+            out.append(_Input("<stdin>", "stdin", "<stdin>"))
+            continue
+        path, base = next(named)
+        out.append(_Input(name, _safe(base.name), str(path.resolve()), path_tag(path), path.suffix == ".jsonl"))
+    return out
 
 
 def read_items(inputs: Iterable[str], texts: Iterable[str] = (), stdin: Iterable[bytes | str] | None = None
                ) -> list[SpeechItem]:
     """Items of every input: ``*.jsonl`` manifests, text files (one utterance a line), ``-`` (stdin, bytes
-    or text lines), ``--text``. Files are decoded line by line: an undecodable line fails alone."""
-    items: list[SpeechItem] = []
+    or text lines), ``--text``. Files are decoded line by line: an undecodable line fails alone; an input
+    with no line to speak (an empty file) fails as a whole."""
+    texts, items = list(texts), []
     for i, text in enumerate(texts, 1):
-        items.append(SpeechItem(f"--text {i}", SynthesisRequest(f"text_{i:05d}", text))
-                     if text.strip() else SpeechItem(f"--text {i}", None, "empty text"))
-    for name in inputs:
-        if name == "-":
-            items += _lines("<stdin>", stdin or (), "stdin", False)
-            continue
-        path = Path(name)
-        try:
-            raw_lines = path.read_bytes().splitlines(keepends=True)
-        except OSError as exc:
-            items.append(SpeechItem(name, None, f"cannot read: {exc.strerror or exc}"))
-            continue
-        items += _lines(name, raw_lines, _safe(path.stem), path.suffix == ".jsonl")
+        items.append(SpeechItem(f"--text {i}", SynthesisRequest(f"text_{i:05d}", text), source="--text")
+                     if text.strip() else SpeechItem(f"--text {i}", None, "empty text", source="--text"))
+    for src in _named_inputs(list(inputs), bool(texts)):
+        if src.source == "<stdin>":
+            raw_lines = list(stdin or ())
+        else:
+            try:
+                raw_lines = Path(src.name).read_bytes().splitlines(keepends=True)
+            except OSError as exc:
+                items.append(SpeechItem(src.name, None, f"cannot read: {exc.strerror or exc}"))
+                continue
+        found = list(_lines(src, raw_lines))
+        if not found:
+            why = "no input lines" if src.source == "<stdin>" else (
+                "no utterances (only blank lines)" if raw_lines else "file is empty (0 bytes)")
+            found = [SpeechItem(src.name, None, why, source=src.source)]
+        items += found
     seen: set[str] = set()
     out = []
     for it in items:
@@ -169,6 +209,8 @@ class Resume:
     mode: ResumeMode = "changed"  # changed: redo outputs made with other settings; overwrite: redo every one;
     # skip-existing: keep every one
     on_redo: Callable[[str, str], None] | None = None  # told (id, why) of each existing output redone ("changed")
+    # told (id, new id, the other input) of each line renamed because its output was made from another input
+    on_rename: Callable[[str, str, str], None] | None = None
 
 
 def synthesis_settings(synth: Synthesizer, preset: str = "") -> dict:
@@ -225,10 +267,47 @@ def request_settings(request: SynthesisRequest) -> dict:
             "prompt_tokens": f"{len(tokens)} tokens {digest}" if tokens else ""}
 
 
+class OutputWriteError(SynthesisInputError):
+    """One output (or its sidecar) could not be written: that line fails, the batch goes on."""
+
+
 def write_output(path: Path, data: bytes, settings: Mapping[str, object], record: dict) -> None:
-    """``data`` to ``path`` atomically, its sidecar (settings, hash, JSON record) first (:mod:`specli.io.resume`)."""
-    write_sidecar(sidecar_path(path), settings, {path: data}, record)
-    write_atomic_with(path, lambda fh: fh.write(data))
+    """``data`` to ``path`` atomically, its sidecar (settings, hash, JSON record) first (:mod:`specli.io.resume`);
+    :class:`OutputWriteError` names ``path`` (never a temporary file) and the reason when it cannot be."""
+    try:
+        write_sidecar(sidecar_path(path), settings, {path: data}, record)
+        write_atomic_with(path, lambda fh: fh.write(data))
+    except OSError as exc:
+        raise OutputWriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def made_from_other_input(path: Path, source: str) -> str | None:
+    """The input the output at ``path`` was made from, when it exists and its sidecar's record names another
+    input than ``source`` (outputs made before records named their input: None)."""
+    if not path.is_file():
+        return None
+    sidecar = read_sidecar(sidecar_path(path))
+    theirs = sidecar.record.get("source") if sidecar is not None else None
+    return theirs if isinstance(theirs, str) and theirs != source else None
+
+
+def own_outputs(items: list[SpeechItem], path_of: Callable[[str], Path], resume: Resume) -> list[SpeechItem]:
+    """``items``, each whose output (``path_of(id)``) was made from another input renamed to its fallback id (its
+    input's path tag added): a run never overwrites another input's output; ``resume.on_rename`` is told. The
+    temporary files a killed earlier run left for these outputs and their sidecars are removed."""
+    out = []
+    for it in items:
+        other = None
+        if it.request is not None and it.fallback_id:
+            other = made_from_other_input(path_of(it.request.id), it.source)
+        if other is not None:
+            if resume.on_rename is not None:
+                resume.on_rename(it.request.id, it.fallback_id, other)
+            it = replace(it, request=replace(it.request, id=it.fallback_id))
+        out.append(it)
+    paths = [path_of(it.request.id) for it in out if it.request is not None]
+    remove_stale_parts([*paths, *map(sidecar_path, paths)])
+    return out
 
 
 Target = Callable[[SpeechItem], tuple[Path, dict]]  # a good line's output path and its settings
@@ -279,8 +358,11 @@ def _frontend_needed(it: SpeechItem) -> SpeechOutcome | None:
 
 
 def _written(it: SpeechItem, res: SynthesisResult, path: Path, settings: dict) -> SpeechOutcome:
-    record = result_record(res)
-    write_output(path, tokens_bytes(res.tokens), settings, record)
+    record = result_record(res, it.source)
+    try:
+        write_output(path, tokens_bytes(res.tokens), settings, record)
+    except OutputWriteError as exc:
+        return SpeechOutcome(it.where, it.request.id, error=str(exc))
     return SpeechOutcome(it.where, it.request.id, res, record=record)
 
 
@@ -291,6 +373,7 @@ def run_synthesis(synth: Synthesizer, items: list[SpeechItem], output_dir: Path,
     ``synth``; redo outputs made with others, or all with ``overwrite``); with ``batch_size`` > 1 up to that
     many decode together (the same tokens; outcomes still reported in input order)."""
     resume = resume or Resume(synthesis_settings(synth), "overwrite" if overwrite else "changed")
+    items = own_outputs(items, lambda rid: tokens_path(output_dir, rid), resume)
 
     def target(it: SpeechItem) -> tuple[Path, dict]:
         return tokens_path(output_dir, it.request.id), {**resume.settings, "request": request_settings(it.request)}
@@ -350,11 +433,13 @@ def _run_batched(synth: Synthesizer, items: list[SpeechItem], resume: Resume, ta
     return order.all()
 
 
-def result_record(result: SynthesisResult) -> dict:
-    """The JSONL record of one synthesized utterance."""
+def result_record(result: SynthesisResult, source: str = "") -> dict:
+    """The JSONL record of one synthesized utterance (``source``: the input it came from, ``SpeechItem.source``;
+    ``pieces``: the tokens of each piece of a line spoken in pieces)."""
     s = result.stats
     return {
-        "id": result.id, "text": result.text, "tokens": len(result.tokens), "text_tokens": result.text_tokens,
+        "id": result.id, "source": source, "text": result.text,
+        **({"pieces": list(result.pieces)} if result.pieces else {}), "tokens": len(result.tokens), "text_tokens": result.text_tokens,
         "min_len": result.min_len, "max_len": result.max_len, "finished": result.finished,
         "stats": {"target_forwards": s.target_forwards, "decode_seconds": round(s.decode_seconds, 4),
                   "tokens_per_second": round(len(result.tokens) / s.decode_seconds, 2) if s.decode_seconds else 0.0,

@@ -18,12 +18,17 @@ request drafts from its own tokens only, because sampled speculative tokens depe
 random draws are the same, the accept tests differ). The one exception is a near-tie: batched matrix
 products can move a logit by ~1e-7, which flips a greedy top-2 tie or a sample whose uniform lies that
 close to a boundary of the sampler's CDF (tests/test_synthesis_batch.py checks every difference is one).
+
+With ``SynthesisOptions.split`` (the CLI's), a request too long for the model's positions is spoken in pieces
+(:mod:`specli.tts.split`: sentences, then clauses, then words, packed while they fit), each decoded as a request
+of its own (id ``<id>#<k>``, its own generator), their tokens joined into the request's one result
+(:attr:`SynthesisResult.pieces` keeps where they meet, so the audio stages render each piece as upstream does).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -42,15 +47,20 @@ from specli.models.cosyvoice.lm import CosyVoiceModel
 from specli.models.cosyvoice.voices import shipped_part
 from specli.models.registry import family
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT, TextTokenizerError
-from specli.core.types import DecodeResult, DecodeStats
+from specli.core.types import DecodeResult, DecodeStats, accumulate
 from specli.errors import SpecliError
 from specli.presets.synthesis import SynthesisPreset
+from specli.tts.split import Unsplittable, split_to_fit
 
 
 class SynthesisInputError(SpecliError):
     """One request cannot be synthesized (empty, too long, untokenizable, bad prompt); the batch goes on."""
 
     exit_code = 1
+
+
+class TooLongError(SynthesisInputError):
+    """A request's text allows more speech tokens than the model has positions for."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,8 @@ class SynthesisOptions:
     # batched synthesis drafts only while at most this many requests are in flight (0 = no limit): on the CPU a
     # drafted batched step is dearer than a plain one (docs/benchmarks/voice-speculative-tree)
     max_draft_rows: int = 0
+    split: bool = False  # a request too long for the model is spoken in sentence / clause / word pieces (joined);
+    # False: it fails as too long
 
     def __post_init__(self) -> None:
         if self.drafter not in ("none", "pool", "dspark", "dflash", "eagle3", "model"):
@@ -121,8 +133,24 @@ class SynthesisResult:
     text_tokens: int  # text tokens (prompt text not counted)
     min_len: int  # minimum generated tokens
     max_len: int  # maximum generated tokens
-    finished: bool  # True when a stop token ended it, False when max_len did
+    finished: bool  # True when a stop token ended it, False when max_len did (a split request: every piece's)
     stats: DecodeStats = field(default_factory=DecodeStats)
+    pieces: tuple[int, ...] = ()  # a request spoken in pieces: the tokens of each, in order (sum = len(tokens))
+
+    def segments(self) -> list[tuple[str, list[int]]]:
+        """``(piece id, its tokens)`` of each piece (one: ``(id, tokens)``); a piece id keys its own generators."""
+        if not self.pieces:
+            return [(self.id, self.tokens)]
+        out, start = [], 0
+        for k, n in enumerate(self.pieces, 1):
+            out.append((piece_id(self.id, k), self.tokens[start:start + n]))
+            start += n
+        return out
+
+
+def piece_id(request_id: str, k: int) -> str:
+    """The id of the ``k``-th piece (from 1) of a request spoken in pieces."""
+    return f"{request_id}#{k}"
 
 
 def prepare(model: CosyVoiceModel, request: SynthesisRequest) -> PreparedRequest:
@@ -150,7 +178,7 @@ def prepare(model: CosyVoiceModel, request: SynthesisRequest) -> PreparedRequest
     min_len, max_len = spec.lengths(len(text))
     limit = model.lm.qwen.dims.max_positions
     if len(prompt) + max_len + 2 > limit:
-        raise SynthesisInputError(f"too long: {len(text)} text tokens allow {max_len} speech tokens, and with "
+        raise TooLongError(f"too long: {len(text)} text tokens allow {max_len} speech tokens, and with "
                                   f"the {len(prompt)}-token prompt that exceeds the model's {limit} positions")
     return PreparedRequest(prompt, len(text), min_len, max_len)
 
@@ -193,9 +221,44 @@ class Synthesizer:
         return DecodeJob(tuple(prep.prompt), rules, spec.eos, prep.max_len, sampling=params,
                          generator=request_generator(opts.seed, request.id, device))
 
+    def pieces(self, request: SynthesisRequest) -> list[tuple[SynthesisRequest, PreparedRequest]]:
+        """``request`` prepared; with ``split``, one too long for the model as its pieces (requests of their own,
+        ids ``<id>#<k>``), each prepared. :class:`SynthesisInputError` says what is wrong (a piece that cannot be
+        cut further: too long)."""
+        try:
+            return [(request, prepare(self.model, request))]
+        except TooLongError:
+            if not self.options.split or ENDOFPROMPT in request.text:  # a prompt inside the text is not cut
+                raise
+
+        def fits(text: str) -> bool:
+            try:
+                prepare(self.model, replace(request, text=text))
+            except TooLongError:
+                return False
+            except SynthesisInputError:
+                return True  # its own error is reported when the piece is prepared
+            return True
+
+        try:
+            texts = split_to_fit(request.text, fits)
+        except Unsplittable as exc:
+            try:
+                prepare(self.model, replace(request, text=exc.part))
+            except TooLongError as too_long:
+                raise TooLongError(f"{too_long} (a part of {len(exc.part)} characters with no sentence, clause or "
+                                   "word boundary to split it at)") from None
+            raise
+        parts = [replace(request, id=piece_id(request.id, k), text=t) for k, t in enumerate(texts, 1)]
+        return [(r, prepare(self.model, r)) for r in parts]
+
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
-        """Speech tokens for ``request`` (raises :class:`SynthesisInputError` for a bad request)."""
-        prep = prepare(self.model, request)
+        """Speech tokens for ``request`` (raises :class:`SynthesisInputError` for a bad request); in pieces when
+        ``split`` and too long (:meth:`pieces`)."""
+        return joined(request, [self._decode(r, prep) for r, prep in self.pieces(request)])
+
+    def _decode(self, request: SynthesisRequest, prep: PreparedRequest) -> SynthesisResult:
+        """Decode one prepared request (or piece)."""
         lm, opts = self.model.lm, self.options
         state = lm.start(len(prep.prompt) + prep.max_len + 2)
         job = self._job(request, prep, state.cache.device)
@@ -213,22 +276,30 @@ class Synthesizer:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         device = self.model.lm.qwen.device
-        jobs, preps = [], {}
+        jobs, rows, counts = [], [], {}  # rows[j]: (request index, piece request, prepared) of job j
         for i, request in enumerate(requests):
             try:
-                preps[i] = prepare(self.model, request)
+                pieces = self.pieces(request)
             except SynthesisInputError as exc:
                 yield i, exc
                 continue
-            jobs.append(RowJob(i, None, self._job(request, preps[i], device)))
+            counts[i] = len(pieces)
+            for piece, prep in pieces:
+                jobs.append(RowJob(len(rows), None, self._job(piece, prep, device)))
+                rows.append((i, piece, prep))
         if not jobs:
             return
         longest = max(len(j.job.prompt) + j.job.max_new_tokens + 2 for j in jobs)
         finish_window(self.drafter)  # a request decoded before by synthesize() joins a shared pool
         drafter = None if self.drafter is None else batch_drafter(self.drafter, batch_size)  # one fork a row
-        for i, res in decode_all(self.model.lm, jobs, batch_size, longest, drafter=drafter,
+        done: dict[int, dict[int, SynthesisResult]] = {}  # request index -> its finished pieces by job
+        for j, res in decode_all(self.model.lm, jobs, batch_size, longest, drafter=drafter,
                                  options=self.options.spec_options()):
-            yield i, _result(requests[i], preps[i], res)
+            i, piece, prep = rows[j]
+            done.setdefault(i, {})[j] = _result(piece, prep, res)
+            if len(done[i]) == counts[i]:
+                finished = done.pop(i)
+                yield i, joined(requests[i], [finished[k] for k in sorted(finished)])
 
     def finish(self) -> None:
         """Add the last request's output to the drafter's pool (end of a run)."""
@@ -238,6 +309,19 @@ class Synthesizer:
 def _result(request: SynthesisRequest, prep: PreparedRequest, res: DecodeResult) -> SynthesisResult:
     return SynthesisResult(request.id, request.text, list(res.tokens), prep.text_tokens, prep.min_len, prep.max_len,
                            res.finished, res.stats)
+
+
+def joined(request: SynthesisRequest, parts: Sequence[SynthesisResult]) -> SynthesisResult:
+    """The result of ``request`` from its pieces' (in order): tokens, lengths and counters added up."""
+    if len(parts) == 1:
+        return parts[0]
+    stats = DecodeStats()
+    for part in parts:
+        accumulate(stats, part.stats)
+    return SynthesisResult(request.id, request.text, [t for p in parts for t in p.tokens],
+                           sum(p.text_tokens for p in parts), sum(p.min_len for p in parts),
+                           sum(p.max_len for p in parts), all(p.finished for p in parts), stats,
+                           tuple(len(p.tokens) for p in parts))
 
 
 def synthesize(model: CosyVoiceModel, requests: Sequence[SynthesisRequest],
@@ -295,4 +379,4 @@ def build_synthesizer(preset: SynthesisPreset, loaded: CosyVoiceModel, draft: st
     dopts = SpeechDraftOptions(strategy, preset.confidence_threshold, preset.tree_topk, preset.tree_threshold,
                                preset.tree_depth)
     return Synthesizer(loaded, SynthesisOptions(opts, seed, drafter, preset.max_draft, preset.ngram, draft_dir, dopts,
-                                                preset.max_draft_rows))
+                                                preset.max_draft_rows, split=True))

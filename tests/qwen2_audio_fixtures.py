@@ -43,8 +43,10 @@ def tiny_tokenizer():
 
 
 def write_tiny_qwen2_audio(path: Path, seed: int = 0, chat: bool = True) -> Path:
-    """Write the tiny model to ``path`` (30-s windows: the tower's max_source_positions is the real 1500)."""
-    from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, WhisperFeatureExtractor
+    """Write the tiny model to ``path`` with transformers' own ``save_pretrained`` of the model and the processor
+(30-s windows: the tower's max_source_positions is the real 1500)."""
+    from transformers import (Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor,
+                              WhisperFeatureExtractor)
 
     tok = tiny_tokenizer()
     audio_id = tok.convert_tokens_to_ids("<|AUDIO|>")
@@ -63,8 +65,14 @@ def write_tiny_qwen2_audio(path: Path, seed: int = 0, chat: bool = True) -> Path
     model.save_pretrained(path)
     if not chat:
         tok.chat_template = None
-    tok.save_pretrained(path)
-    WhisperFeatureExtractor(feature_size=N_MELS).save_pretrained(path)
+    # as a user saves it: the processor writes the tokenizer, the chat template and (transformers >= 5)
+    # processor_config.json with the feature extractor's settings nested, no preprocessor_config.json
+    processor = Qwen2AudioProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=N_MELS), tokenizer=tok,
+                                    chat_template=tok.chat_template)
+    if not chat:
+        processor.chat_template = None  # a base model's directory (Qwen2-Audio-7B): no template (the processor
+        # would fill in its default one)
+    processor.save_pretrained(path)
     return path
 
 

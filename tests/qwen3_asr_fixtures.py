@@ -42,8 +42,10 @@ def tiny_tokenizer():
 
 
 def write_tiny_qwen3_asr(path: Path, seed: int = 0) -> Path:
-    """Write the tiny model to ``path`` (the real chunking: 100-frame chunks, 13 audio positions each)."""
-    from transformers import Qwen3ASRConfig, Qwen3ASRFeatureExtractor, Qwen3ASRForConditionalGeneration
+    """Write the tiny model to ``path`` with transformers' own ``save_pretrained`` of the model and the processor
+(the real chunking: 100-frame chunks, 13 audio positions each)."""
+    from transformers import (Qwen3ASRConfig, Qwen3ASRFeatureExtractor, Qwen3ASRForConditionalGeneration,
+                              Qwen3ASRProcessor)
 
     tok = tiny_tokenizer()
     assert sorted(tok.convert_tokens_to_ids(t) for t in SPECIAL) == list(range(256, 263))
@@ -61,6 +63,8 @@ def write_tiny_qwen3_asr(path: Path, seed: int = 0) -> Path:
     model.generation_config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")  # the decode's one eot
     model.generation_config.pad_token_id = cfg.pad_token_id
     model.save_pretrained(path)
-    tok.save_pretrained(path)
-    Qwen3ASRFeatureExtractor(feature_size=N_MELS).save_pretrained(path)
+    # as a user saves it: the processor writes the tokenizer, the chat template and (transformers >= 5)
+    # processor_config.json with the feature extractor's settings nested, no preprocessor_config.json
+    Qwen3ASRProcessor(feature_extractor=Qwen3ASRFeatureExtractor(feature_size=N_MELS), tokenizer=tok,
+                      chat_template=tok.chat_template).save_pretrained(path)
     return path

@@ -1,7 +1,7 @@
 """A tiny random Qwen3-Omni (``Qwen3OmniMoeForConditionalGeneration``, ``enable_audio_output=False``: no talker)
 saved as a local Hugging Face directory: AuT audio encoder, a vision tower of depth 1, the MoE thinker text model
 (8 experts, top-2, one dense layer), a byte-level tokenizer carrying Omni's special tokens and a chat template,
-Whisper's feature extractor (the Omni processor's)."""
+Whisper's feature extractor (the Omni processor's), saved in transformers 5's processor_config.json."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def tiny_config():
 
 
 def write_tiny_qwen3_omni(path: Path, seed: int = 0) -> Path:
-    """Write the tiny model to ``path``."""
+    """Write the tiny model to ``path``: the model and tokenizer with transformers' own ``save_pretrained``, the
+processor's settings as transformers >= 5 writes them (:func:`write_processor_config`)."""
     from transformers import Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
 
     tok = tiny_tokenizer()
@@ -69,9 +70,21 @@ def write_tiny_qwen3_omni(path: Path, seed: int = 0) -> Path:
     model.generation_config.eos_token_id = IDS["<|im_end|>"]
     model.generation_config.pad_token_id = IDS["<|endoftext|>"]
     model.save_pretrained(path)
-    tok.save_pretrained(path)
-    WhisperFeatureExtractor(feature_size=N_MELS).save_pretrained(path)
+    tok.save_pretrained(path)  # tokenizer.json, tokenizer_config.json, chat_template.jinja (as the processor does)
+    write_processor_config(path, WhisperFeatureExtractor(feature_size=N_MELS))
     return path
+
+
+def write_processor_config(path: Path, feature_extractor) -> None:
+    """``processor_config.json`` as ``Qwen3OmniMoeProcessor.save_pretrained`` writes it in transformers >= 5 (no
+    ``preprocessor_config.json``): its parts' ``to_dict()`` nested under their names, ``processor_class``, in
+    ``ProcessorMixin.to_json_string``'s format. The processor itself cannot be built here: its video processor
+    needs torchvision, which a CPU torch does not have, so the vision entries (never read for speech) are left
+    out."""
+    import json
+
+    cfg = {"feature_extractor": feature_extractor.to_dict(), "processor_class": "Qwen3OmniMoeProcessor"}
+    (path / "processor_config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 IDS = {t: tiny_tokenizer().convert_tokens_to_ids(t) for t in SPECIAL}  # the tokenizer's ids of SPECIAL

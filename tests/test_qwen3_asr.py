@@ -221,11 +221,12 @@ def test_missing_files_name_them(tiny_dir, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(tiny_dir, broken)
     (broken / "model.safetensors").unlink()
-    (broken / "preprocessor_config.json").unlink()
+    (broken / "processor_config.json").unlink()  # the feature extractor's settings (transformers >= 5)
     with pytest.raises(ModelLoadError) as err:
         load_qwen3_asr(str(broken), "float32")
     assert err.value.exit_code == 3
-    assert "model.safetensors" in str(err.value) and "preprocessor_config.json" in str(err.value)
+    assert "model.safetensors" in str(err.value)
+    assert "preprocessor_config.json (or processor_config.json with a feature_extractor entry)" in str(err.value)
     with pytest.raises(ModelLoadError, match="not found"):
         load_qwen3_asr(str(tmp_path / "nowhere"), "float32")
     (tmp_path / "nochat").mkdir()

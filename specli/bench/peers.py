@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import shutil
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from specli.asr.windows import Task
 from specli.models.whisper.resolve import BUNDLED, cache_root, find_package_dir, is_ct2_dir
 from specli.models.whisper.tokenizer import WhisperTokenizer
 from specli.errors import SpecliError
+from specli.io.atomic import publish_dir
 
 PEERS = ("hf", "faster-whisper", "faster-whisper-batched")
 #: CTranslate2 compute types a faster-whisper peer takes after a colon (``faster-whisper:int8``).
@@ -291,20 +290,24 @@ def ct2_dir(name: str, root: Path | None = None) -> Path:
     if len(parts) == 1 and parts[0].name == "model.bin":
         return meta
     final = (root or cache_root()) / f"ct2-{name}-{model.sha256[:12]}"
-    if (final / "model.bin").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".partial-ct2-", dir=final.parent))
-    try:
+    size = sum(p.stat().st_size for p in parts)
+
+    def build(tmp: Path) -> None:
         _join_parts(parts, tmp / "model.bin", model.sha256)
         for extra in meta.iterdir():
             if extra.is_file() and not extra.name.startswith("model.bin"):
                 shutil.copyfile(extra, tmp / extra.name)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a cache entry is as readable as the others
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    def complete(entry: Path) -> bool:  # built whole and renamed in: a model.bin of the joined size
+        try:
+            return (entry / "model.bin").stat().st_size == size
+        except OSError:
+            return False
+
+    try:
+        return publish_dir(final, build, complete)  # safe when peer workers fill an empty cache at once
+    except OSError as exc:
+        raise BenchError(f"cannot write the CTranslate2 copy of {name} to {final} ({exc})") from exc
 
 
 def _join_parts(parts: list[Path], out: Path, sha256: str) -> None:

@@ -6,6 +6,8 @@ import fcntl
 import os
 import re
 import secrets
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -86,3 +88,44 @@ def _remove_if_unlocked(part: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+#: name prefix of the hidden directories a cache entry is built in (``<prefix><entry>-<random>``)
+PARTIAL_PREFIX = ".partial-"
+
+
+def publish_dir(final: Path, build: Callable[[Path], object], complete: Callable[[Path], bool]) -> Path:
+    """Make the directory ``final`` (a shared cache entry) whole or not at all, safe when processes make it at once.
+
+    ``build`` fills a hidden partial directory beside ``final`` (``.partial-<name>-<random>``, mode 0755), which
+    is then renamed into place. When the rename finds ``final`` already there (another process made it first),
+    ``complete(final)`` verifies that entry and it is returned; an entry there that is not complete (an older
+    format, a damaged copy) is moved aside and replaced. The partial directory never outlives the call, whether
+    it succeeds or fails (OSError from the file system, whatever ``build`` raises)."""
+    if complete(final):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{final.name}-", dir=final.parent))
+    try:
+        build(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; a cache entry is as readable as the others
+        if final.exists() and not complete(final):
+            _discard(final)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not complete(final):  # not another process's finished entry
+                raise
+        return final
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _discard(entry: Path) -> None:
+    """Remove ``entry`` by first renaming it to a partial name (no reader ever sees it half deleted)."""
+    aside = entry.with_name(f"{PARTIAL_PREFIX}{entry.name}-old-{secrets.token_hex(4)}")
+    try:
+        os.replace(entry, aside)
+    except FileNotFoundError:  # another process moved it first
+        return
+    shutil.rmtree(aside, ignore_errors=True)

@@ -299,11 +299,57 @@ def resolve_dir(name_or_dir: str, names: dict[str, str], label: str) -> Path:
                          f"{repo!r} is not in the local Hugging Face cache (specli never downloads)")
 
 
+#: what a directory lacks when it has no feature-extractor settings (both places they are read from)
+FEATURE_FILES = "preprocessor_config.json (or processor_config.json with a feature_extractor entry)"
+
+
+def _find_feature_settings(path: Path) -> tuple[dict[str, Any], Path] | None:
+    """The feature extractor's settings and the file they were read from, looked up as transformers 5 does:
+    the ``feature_extractor`` entry of ``processor_config.json`` (what ``processor.save_pretrained`` writes
+    in transformers >= 5), else ``preprocessor_config.json`` (a feature extractor saved alone, and processors
+    saved by transformers 4); None: neither. An unreadable file is a :class:`ModelLoadError` naming it."""
+    for name, key in (("processor_config.json", "feature_extractor"), ("preprocessor_config.json", None)):
+        file = path / name
+        if not file.is_file():
+            continue
+        try:
+            cfg = json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"{file}: cannot read it: {exc}") from exc
+        settings = cfg.get(key) if key and isinstance(cfg, dict) else cfg
+        if isinstance(settings, dict):
+            return settings, file
+    return None
+
+
+def feature_extractor_settings(path: Path) -> tuple[dict[str, Any], Path]:
+    """The directory's feature-extractor settings and their file (:func:`_find_feature_settings`); none is a
+    :class:`ModelLoadError` naming both files looked for."""
+    found = _find_feature_settings(path)
+    if found is None:
+        raise ModelLoadError(f"{path}: no feature extractor settings, missing {FEATURE_FILES}")
+    return found
+
+
+def load_feature_extractor(path: Path, hf_class: Any) -> Any:
+    """transformers' feature extractor ``hf_class`` built from the directory's settings
+    (:func:`feature_extractor_settings`); settings saved for another class are refused, naming the file."""
+    settings, file = feature_extractor_settings(path)
+    kind = settings.get("feature_extractor_type", hf_class.__name__)
+    if kind != hf_class.__name__:
+        raise ModelLoadError(f"{file}: the feature extractor is {kind}, not {hf_class.__name__}")
+    try:
+        return hf_class.from_dict(dict(settings))
+    except (TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{file}: cannot build the feature extractor: {exc}") from exc
+
+
 def missing_files(path: Path) -> list[str]:
     """The files a model directory lacks (config, weights and the shards its index names, tokenizer,
-    feature extractor)."""
-    needed = ("config.json", "preprocessor_config.json", "tokenizer_config.json")
-    missing = [n for n in needed if not (path / n).is_file()]
+    feature-extractor settings)."""
+    missing = [n for n in ("config.json", "tokenizer_config.json") if not (path / n).is_file()]
+    if _find_feature_settings(path) is None:
+        missing.append(FEATURE_FILES)
     if not (path / "tokenizer.json").is_file() and not (path / "vocab.json").is_file():
         missing.append("tokenizer.json (or vocab.json + merges.txt)")
     index = path / "model.safetensors.index.json"

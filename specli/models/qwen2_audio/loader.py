@@ -1,14 +1,14 @@
 """Find, verify and load a Qwen2-Audio directory (offline), and its hooks into the transcription loop.
 
 A model is a local Hugging Face directory of ``Qwen2AudioForConditionalGeneration`` (``config.json``,
-``*.safetensors``, tokenizer files, ``preprocessor_config.json``, a chat template for the Instruct model):
+``*.safetensors``, tokenizer files, the feature extractor's settings (``preprocessor_config.json``, or the
+``feature_extractor`` entry of transformers 5's ``processor_config.json``), a chat template for the Instruct model):
 given as a path, a name under ``$SPECLI_MODELS_DIR``, or a hub id / short name already in the local Hugging
 Face cache. Nothing is downloaded; missing files are a :class:`ModelLoadError` (exit 3) naming them.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,7 @@ import torch
 
 from specli.errors import ModelLoadError, UsageError
 from specli.io.audio import HOP_LENGTH, N_FFT, SAMPLE_RATE, window_features
-from specli.models.audio_lm import AudioLMHooks, claims_dir, load_hf_model, resolve_dir
+from specli.models.audio_lm import AudioLMHooks, claims_dir, feature_extractor_settings, load_hf_model, resolve_dir
 from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 from specli.models.qwen2_audio.target import N_FRAMES, Qwen2AudioTarget, audio_positions
 from specli.models.qwen2_audio.text import Qwen2AudioText, default_instruction
@@ -43,13 +43,13 @@ def resolve(name_or_dir: str) -> Path:
 
 def _check_features(path: Path, n_mels: int) -> None:
     """The feature extractor must be Whisper's log-mel (so specli's own computes it): 16 kHz, n_fft 400,
-    hop 160, 30-s chunks, the tower's mel bins."""
-    cfg = json.loads((path / "preprocessor_config.json").read_text())
+    hop 160, 30-s chunks, the tower's mel bins (settings read by :func:`feature_extractor_settings`)."""
+    cfg, file = feature_extractor_settings(path)
     want = {"sampling_rate": SAMPLE_RATE, "n_fft": N_FFT, "hop_length": HOP_LENGTH, "chunk_length": 30,
             "feature_size": n_mels}
     bad = {k: cfg.get(k) for k, v in want.items() if cfg.get(k, v) != v}
     if cfg.get("feature_extractor_type", "WhisperFeatureExtractor") != "WhisperFeatureExtractor" or bad:
-        raise ModelLoadError(f"{path / 'preprocessor_config.json'}: not Whisper's log-mel features {want} ({bad})")
+        raise ModelLoadError(f"{file}: not Whisper's log-mel features {want} ({bad})")
 
 
 @dataclass(frozen=True)

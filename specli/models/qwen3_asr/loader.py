@@ -1,7 +1,8 @@
 """Find, verify and load a Qwen3-ASR directory (offline), and its hooks into the transcription loop.
 
 A model is a local Hugging Face directory of ``Qwen3ASRForConditionalGeneration`` (the ``-hf`` checkpoints:
-``config.json``, ``*.safetensors``, tokenizer files, ``preprocessor_config.json``, a chat template): given as a
+``config.json``, ``*.safetensors``, tokenizer files, the feature extractor's settings
+(``preprocessor_config.json`` or transformers 5's ``processor_config.json``), a chat template): given as a
 path, a name under ``$SPECLI_MODELS_DIR``, or a hub id / short name already in the local Hugging Face cache.
 Nothing is downloaded; missing files are a :class:`ModelLoadError` (exit 3) naming them.
 """
@@ -16,7 +17,7 @@ import torch
 
 from specli.errors import ModelLoadError, UsageError
 from specli.io.audio import HOP_LENGTH, SAMPLE_RATE
-from specli.models.audio_lm import AudioLMHooks, claims_dir, load_hf_model, resolve_dir
+from specli.models.audio_lm import AudioLMHooks, claims_dir, load_feature_extractor, load_hf_model, resolve_dir
 from specli.models.aut import N_FRAMES, audio_positions, processor_features
 from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 from specli.models.qwen3_asr.target import Qwen3ASRTarget
@@ -45,10 +46,7 @@ def _feature_extractor(path: Path, n_mels: int, n_window: int):
     must be whole encoder chunks)."""
     from transformers import Qwen3ASRFeatureExtractor  # noqa: PLC0415 (heavy; not a specli module)
 
-    try:
-        fe = Qwen3ASRFeatureExtractor.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot read the feature extractor: {exc}") from exc
+    fe = load_feature_extractor(path, Qwen3ASRFeatureExtractor)
     want = {"sampling_rate": SAMPLE_RATE, "hop_length": HOP_LENGTH, "feature_size": n_mels, "n_window": n_window}
     bad = {k: getattr(fe, k, None) for k, v in want.items() if getattr(fe, k, None) != v}
     if bad or N_FRAMES % (2 * n_window):

@@ -2,7 +2,8 @@
 transcription loop.
 
 A model is a local Hugging Face directory of ``Qwen3OmniMoeForConditionalGeneration`` (``config.json``,
-``*.safetensors``, tokenizer files, ``preprocessor_config.json``, a chat template), loaded with
+``*.safetensors``, tokenizer files, the feature extractor's settings
+(``preprocessor_config.json`` or transformers 5's ``processor_config.json``), a chat template), loaded with
 ``enable_audio_output=False`` so the talker and code2wav are never built: given as a path, a name under
 ``$SPECLI_MODELS_DIR``, or a hub id / short name already in the local Hugging Face cache. Nothing is
 downloaded; missing files are a :class:`ModelLoadError` (exit 3) naming them.
@@ -18,7 +19,7 @@ import torch
 
 from specli.errors import ModelLoadError, UsageError
 from specli.io.audio import HOP_LENGTH, SAMPLE_RATE
-from specli.models.audio_lm import AudioLMHooks, claims_dir, load_hf_model, resolve_dir
+from specli.models.audio_lm import AudioLMHooks, claims_dir, load_feature_extractor, load_hf_model, resolve_dir
 from specli.models.aut import audio_positions, processor_features
 from specli.models.qwen2 import Qwen2Dims, Qwen2Target
 from specli.models.qwen3_asr.text import language_name
@@ -44,12 +45,9 @@ def resolve(name_or_dir: str) -> Path:
 
 def _feature_extractor(path: Path, n_mels: int):
     """The directory's feature extractor (Whisper's log-mel: 16 kHz, hop 160, the encoder's mel bins)."""
-    from transformers import AutoFeatureExtractor  # noqa: PLC0415 (heavy; not a specli module)
+    from transformers import WhisperFeatureExtractor  # noqa: PLC0415 (heavy; not a specli module)
 
-    try:
-        fe = AutoFeatureExtractor.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot read the feature extractor: {exc}") from exc
+    fe = load_feature_extractor(path, WhisperFeatureExtractor)
     want = {"sampling_rate": SAMPLE_RATE, "hop_length": HOP_LENGTH, "feature_size": n_mels}
     bad = {k: getattr(fe, k, None) for k, v in want.items() if getattr(fe, k, None) != v}
     if bad:

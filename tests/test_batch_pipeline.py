@@ -154,7 +154,7 @@ def test_subprocess_batch_2_equals_batch_1(at_batch_1, inputs, tmp_path):
     good = [p for p in files(inputs) if "corrupt" not in p.name][:3]
     proc = subprocess.run([sys.executable, "-m", "specli.cli", "transcribe", *map(str, good), *TINY, "-o",
                            str(tmp_path), "-f", "srt", "--batch-size", "2", "--threads", "1"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600, env={**os.environ})
+                          capture_output=True, text=True, timeout=180, env={**os.environ})
     assert proc.returncode == 0, proc.stderr
     for p in good:
         srt = f"{p.stem}.srt"

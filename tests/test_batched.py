@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from conftest import examples
 
 from specli.core.batched import BatchDecoder, RowJob, decode_all
 from specli.core.drafters.base import ModelDraftOptions
@@ -104,7 +106,7 @@ def _same(got, ref) -> None:
     assert got.stats.tokens == ref.stats.tokens
 
 
-@settings(max_examples=8, deadline=None)
+@examples(8)
 @given(rows=st.lists(ROW, min_size=1, max_size=7), capacity=st.integers(1, 4))
 def test_batched_ar_greedy_equals_batch1_greedy(rows, capacity):
     jobs = _jobs(rows)
@@ -135,7 +137,7 @@ DRAFTERS = {
 }
 
 
-@settings(max_examples=4, deadline=None)
+@examples(4)
 @given(rows=st.lists(ROW, min_size=1, max_size=6), capacity=st.integers(1, 4),
        max_draft=st.sampled_from([1, 2, 3, 5, 8]), seed=st.integers(0, 1000))
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
@@ -303,7 +305,7 @@ def test_batched_sampling_follows_each_rows_distribution(monkeypatch):
     assert max(tv(broken[kind], p[kind]) - 2 * bound[kind] for kind in KINDS) > 0
 
 
-@settings(max_examples=4, deadline=None)
+@examples(4)
 @given(rows=st.lists(ROW, min_size=1, max_size=6), capacity=st.integers(1, 4), limit=st.integers(1, 3))
 @pytest.mark.parametrize("name", ["always-right", "eagle-batched", "ngram-pool"])
 def test_max_draft_rows_drafts_only_while_few_rows_are_active(name, rows, capacity, limit):

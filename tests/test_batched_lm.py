@@ -11,8 +11,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from conftest import examples
 from transformers import Qwen2ForCausalLM
 
 from cosyvoice_fixtures import qwen_config, write_checkpoint
@@ -82,7 +84,7 @@ def _jobs(rows) -> list[RowJob]:
             for k, (prompt, max_new, after) in enumerate(rows)]
 
 
-@settings(max_examples=6, deadline=None)
+@examples(6)
 @given(rows=st.lists(ROW, min_size=1, max_size=6), capacity=st.integers(1, 4), seed=st.integers(0, 1000),
        max_draft=st.sampled_from([1, 3, 6]))
 def test_qwen2_batched_greedy_equals_batch1_and_speculative_equals_ar(rows, capacity, seed, max_draft):

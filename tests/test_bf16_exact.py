@@ -12,8 +12,10 @@ from __future__ import annotations
 import random
 
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from conftest import examples
 
 from specli.core.drafters.base import DraftProposal
 from specli.core.greedy import greedy_decode
@@ -61,7 +63,7 @@ def test_scoring_a_chain_equals_one_token_steps_bit_for_bit():
             assert torch.equal(together, steps), (start, n)
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(seed=st.integers(0, 40), kind=st.sampled_from(["right", "wrong", "random"]), max_draft=st.integers(1, 9),
        timestamps=st.booleans())
 def test_bf16_speculative_greedy_equals_bf16_greedy(seed, kind, max_draft, timestamps):
@@ -74,7 +76,7 @@ def test_bf16_speculative_greedy_equals_bf16_greedy(seed, kind, max_draft, times
     assert out.tokens == ref.tokens and out.finished == ref.finished
 
 
-@settings(max_examples=10, deadline=None)
+@examples(10)
 @given(seeds=st.lists(st.integers(0, 40), min_size=2, max_size=6), capacity=st.integers(2, 4),
        drafting=st.booleans())
 def test_bf16_ragged_batches_equal_batch_one_greedy(seeds, capacity, drafting):

@@ -267,7 +267,7 @@ def test_heldout_only_writes_the_same_held_out_clips_as_a_full_run(tmp_path):
     counts = ["--espeak", "2", "--festival", "1", "--heldout", "1", "--languages", "en", "--clip-seconds", "6"]
     for out, extra in ((tmp_path / "full", []), (tmp_path / "held", ["--heldout-only"])):
         subprocess.run([sys.executable, str(Path(audio.__file__)), "--out", str(out), *counts, *extra],
-                       check=True, capture_output=True, timeout=600)
+                       check=True, capture_output=True, timeout=240)
     assert not (tmp_path / "held" / "train").exists() and (tmp_path / "full" / "train").is_dir()
     held = sorted(p.relative_to(tmp_path / "held") for p in (tmp_path / "held").rglob("*.wav"))
     full = sorted(p.relative_to(tmp_path / "full") for p in (tmp_path / "full").rglob("heldout-*/**/*.wav"))

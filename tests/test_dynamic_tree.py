@@ -13,10 +13,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import EN_CLIPS
+from conftest import EN_CLIPS, examples
 from specli.core.drafters.base import DraftRequest, ModelDraftOptions
 from specli.asr.drafters.dynamic_tree import DynamicTreeDrafter, DynamicTreeOptions
 from specli.asr.drafters.eagle_head import EagleConfig, SpeechDraftHead
@@ -80,7 +80,7 @@ TREES = st.builds(DynamicTreeOptions, depth=st.integers(1, 5), topk=st.integers(
                   min_path=st.sampled_from([0.0, 0.05, 0.5]))
 
 
-@settings(max_examples=8, deadline=None)
+@examples(8)
 @given(audio_seed=st.integers(0, 1000), head_seed=st.integers(0, 1000), timestamps=st.booleans(),
        max_draft=st.sampled_from([1, 3, 6, 10]), max_new=st.integers(1, 30), tree=TREES,
        draft_vocab=st.sampled_from([0, 12, 30]), oracle=st.sampled_from(["head", "right", "wrong"]))

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import EN_CLIPS
+from conftest import EN_CLIPS, examples
 from specli.core.job import DecodeJob, Probe
 from specli.distill.data import generate, load_windows, read_manifest, window_record
 from specli.distill.train import TrainOptions, learning_rate, make_batch, start_rows, train, unrolled_loss, validate
@@ -193,7 +193,7 @@ def test_int8_packed_copy_is_close_to_the_trained_head_and_the_cpu_default():
     assert isinstance(EagleDrafter(head, int8=False).head.qkv.linear, Linear)
 
 
-@settings(max_examples=3, deadline=None)
+@examples(3)
 @given(audio_seed=st.integers(0, 1000), head_seed=st.integers(0, 1000), timestamps=st.booleans(),
        max_draft=st.sampled_from([1, 3, 5, 8]), max_new=st.integers(1, 30), draft_vocab=st.sampled_from([0, 8, 30]))
 @pytest.mark.parametrize("mode", sorted(MODES))

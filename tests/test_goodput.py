@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from conftest import examples
 
 from specli.asr.drafters.model import ModelDrafter
 from specli.core.batched import RowJob, decode_all
@@ -83,7 +85,7 @@ def _decode(drafter, costs, audio_seed: int, max_new: int, sampling=SamplingPara
     return speculative_decode(TARGET, window(TARGET, audio_seed), job, drafter, SpecOptions(max_draft=6, costs=costs))
 
 
-@settings(max_examples=5, deadline=None)
+@examples(5)
 @given(audio_seed=st.integers(0, 1000), max_new=st.integers(1, 40), seed=st.integers(0, 1000))
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
 def test_output_equals_ar_whatever_the_costs(name: str, audio_seed: int, max_new: int, seed: int) -> None:

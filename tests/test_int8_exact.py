@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from conftest import examples
 
 import specli.core.device as device
 from specli.asr.drafters.model import ModelDrafter
@@ -128,7 +130,7 @@ def test_float32_activations_too(monkeypatch):
     _chain_equals_steps(target)
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(seed=st.integers(0, 40), kind=st.sampled_from(["right", "wrong", "random"]), max_draft=st.integers(1, 9),
        timestamps=st.booleans())
 def test_int8_speculative_greedy_equals_int8_greedy(seed, kind, max_draft, timestamps):

@@ -30,9 +30,11 @@ REPO = SAMPLES.parent
 # log-probabilities differently (json fields); batch N == batch 1 is tested in test_batch_pipeline.py
 TINY = ("--preset", "whisper-tiny.en-ar", "--threads", "1", "--no-progress", "--batch-size", "1")
 FORMATS = ("txt", "srt", "vtt", "tsv", "json")
-RUN_TIMEOUT = 420  # seconds for one torchrun on a loaded 2-core machine
+RUN_TIMEOUT = 240  # seconds for one torchrun on a loaded 2-core machine (each took 9-11 s in CI)
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# torchrun launches (a launcher and two ranks each): on one xdist worker with the other tests that start
+# their own process trees (tests/test_bench_peer_process.py), never two such trees at once.
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.xdist_group("own-processes")]
 
 
 # --- pure parts -------------------------------------------------------------------------------------------

@@ -7,8 +7,10 @@ itself), another random model, the n-gram pool, recycling, adaptive length and s
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from conftest import examples
 
 from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
@@ -43,7 +45,7 @@ def _prompt(extra: list[int], timestamps: bool) -> list[int]:
     return [SOT, *extra] + ([] if timestamps else [NO_TS])
 
 
-@settings(max_examples=6, deadline=None)
+@examples(6)
 @given(
     audio_seed=st.integers(0, 1000),
     extra=st.lists(st.integers(6, 35), max_size=3),

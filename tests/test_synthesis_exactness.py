@@ -12,6 +12,14 @@ delta = 1e-6 (seeds are fixed, so the tests are deterministic). Power: deliberat
 must exceed the same bound, plain sampling without RAS's repetition check must too, and the draft
 model's own distribution is farther from P than twice the bound.
 
+What a count detects (``detectable`` / ``runs_for``). If the runs really follow Q with TV(Q, P) = d, McDiarmid
+on Q's side gives ``TV(Q_N, P) >= d - 1/2 sum_k sqrt(Q_k (1 - Q_k) / N) - sqrt(ln(1/beta) / (2 N))`` with
+probability 1 - beta, so the check fails with power >= 1 - beta once ``d >= (S + sqrt(ln(1/delta)/2) +
+sqrt(ln(1/beta)/2)) / sqrt(N)``, S = sum_k sqrt(P_k (1 - P_k)) (Q's spread taken as P's). RUNS = 1000 detects
+TV 0.27 (ras, S 4.3) and 0.32 (vllm, S 6.0) with power 0.99: the size of the subtle bugs above (measured at
+1000 runs: resample from p 0.28, residual without the clamp 0.31; RAS without its repetition check is 0.26
+from P exactly), so the count is what they need, not less.
+
 Drafters: always right (the target's own table, q = p: every draft accepted), always wrong (a token of
 probability 0), random point-mass trees, an argmax chain (point masses, often right), the library's
 ModelDrafter over a noisy copy of the table (sampled chain with q + point-mass alternatives: a sparse
@@ -102,6 +110,20 @@ def bound(p: torch.Tensor, n: int, delta: float = DELTA) -> float:
     return 0.5 * float((p * (1 - p) / n).sqrt().sum()) + math.sqrt(math.log(1 / delta) / (2 * n))
 
 
+def runs_for(p: torch.Tensor, distance: float, power: float = 0.99, delta: float = DELTA) -> int:
+    """Runs at which ``tv(counts, p) < bound(p, runs, delta)`` fails with probability >= ``power`` when the runs
+    follow a distribution ``distance`` (TV) from ``p`` (see the module docstring)."""
+    spread = float((p * (1 - p)).sqrt().sum())
+    tail = math.sqrt(math.log(1 / delta) / 2) + math.sqrt(math.log(1 / (1 - power)) / 2)
+    return math.ceil(((spread + tail) / distance) ** 2)
+
+
+def detectable(p: torch.Tensor, n: int, power: float = 0.99, delta: float = DELTA) -> float:
+    """The TV distance from ``p`` that ``n`` runs detect with probability >= ``power`` (inverse of runs_for)."""
+    spread = float((p * (1 - p)).sqrt().sum())
+    return (spread + math.sqrt(math.log(1 / delta) / 2) + math.sqrt(math.log(1 / (1 - power)) / 2)) / math.sqrt(n)
+
+
 def spec_counts(sampler, drafter, runs=RUNS, max_draft=4, seed0=0) -> torch.Tensor:
     counts = torch.zeros(V ** STEPS, dtype=torch.float64)
     for i in range(runs):
@@ -159,9 +181,13 @@ def test_plain_sampling_matches_the_enumerated_distribution(name):
 
 
 def test_the_bound_tells_ras_from_its_nucleus_and_the_drafters_distribution():
-    """Samples of RAS without its repetition check fail the bound; the drafter's distribution is far off."""
+    """Samples of RAS without its repetition check fail the bound; the drafter's distribution is far off; the
+    distances the module docstring says RUNS detects hold, and runs_for inverts detectable."""
     nucleus_only = build_sampler(SamplerOptions("ras", tau_r=2.0), min_len_mask_id=EOS, min_len=2)
     p = exact_joint(TARGET, SAMPLERS["ras"])
+    stated = (round(detectable(p, RUNS), 2), round(detectable(exact_joint(TARGET, SAMPLERS["vllm"]), RUNS), 2))
+    assert stated == (0.27, 0.32), stated
+    assert runs_for(p, detectable(p, RUNS)) in (RUNS, RUNS + 1)  # ceil of a float round trip
     assert tv(plain_counts(nucleus_only), p) > bound(p, RUNS)
     for name in ("ras", "vllm"):
         p = exact_joint(TARGET, SAMPLERS[name])

@@ -47,7 +47,7 @@ def test_the_default_voice_is_the_packaged_one() -> None:
 def test_a_fresh_install_says_hello(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("SPECLI_MODELS_DIR", "HF_HOME", "HF_HUB_CACHE")}
     proc = subprocess.run([sys.executable, "-m", "specli", "synthesize", "--text", "Hello there.", "-o", "out/",
-                           "--threads", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                           "--threads", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     info = sf.info(tmp_path / "out" / "text_00001.wav")
     assert info.samplerate == 22050 and info.channels == 1 and 0.3 < info.duration < 5.0

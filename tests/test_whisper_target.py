@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from conftest import examples
 
 from specli.models.whisper.target import WhisperDims, WhisperTarget
 
@@ -77,7 +79,7 @@ def _tree_inputs(parents: list[int], start: int):
     return paths, mask, positions
 
 
-@settings(max_examples=25, deadline=None)
+@examples(25)
 @given(
     prefix_len=st.integers(1, 6),
     parent_draws=st.lists(st.integers(0, 50), min_size=0, max_size=9),
@@ -100,7 +102,7 @@ def test_tree_scoring_equals_scoring_each_path(tiny, prefix_len, parent_draws, s
         assert torch.allclose(tree.hidden.mid[0, i], ref.hidden.mid[0, -1], atol=1e-4)
 
 
-@settings(max_examples=15, deadline=None)
+@examples(15)
 @given(parent_draws=st.lists(st.integers(0, 50), min_size=1, max_size=8), leaf_pick=st.integers(0, 100))
 def test_compact_keeps_later_steps_exact(tiny, parent_draws, leaf_pick):
     """Score a tree, keep one root-to-node path, then continue: equals decoding that path alone."""

@@ -36,6 +36,7 @@ from specli.bench.report import Bins, Run, Skip, SystemInfo, build_report
 from specli.bench.runlog import RunLog, read_runlog
 from specli.asr.fallback import DecodingOptions
 from specli.core.device import dtype_name
+from specli.core.threads import torch_threads
 from specli.asr.speech import speech_hooks
 from specli.asr.strategies import build_decoder
 from specli.models.registry import family
@@ -232,38 +233,37 @@ def run_passes(systems: Sequence[PresetSystem | PeerSystem], clips: Sequence[Cli
     ``on_record`` gets every measured run and skip as soon as it finishes (runs.jsonl); ``warn`` gets one
     line per system and file that was skipped (warm-up included), so no skip is silent.
     """
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    runs: list[Run] = []
-    skips: list[Skip] = []
-    warned: set[tuple[str, str]] = set()
-    languages: dict[str, str | None] = {}
-    passes = ([-1] if opts.warmup else []) + list(range(opts.repeat))
-    for rep in passes:
-        for system in systems:
-            system.new_pass()
-        label = "warm-up" if rep < 0 else f"pass {rep + 1}/{opts.repeat}"
-        for i, clip in enumerate(clips):
+    with torch_threads(opts.threads):  # the caller's thread count is restored on return
+        runs: list[Run] = []
+        skips: list[Skip] = []
+        warned: set[tuple[str, str]] = set()
+        languages: dict[str, str | None] = {}
+        passes = ([-1] if opts.warmup else []) + list(range(opts.repeat))
+        for rep in passes:
             for system in systems:
-                run = system.run(clip, rep, opts.language or languages.get(clip.path))
-                if isinstance(run, Skip):
-                    if warn is not None and (run.system, run.file) not in warned:
-                        warn(f"{run.system} skipped {run.file} ({label}): {run.reason}")
-                    warned.add((run.system, run.file))
+                system.new_pass()
+            label = "warm-up" if rep < 0 else f"pass {rep + 1}/{opts.repeat}"
+            for i, clip in enumerate(clips):
+                for system in systems:
+                    run = system.run(clip, rep, opts.language or languages.get(clip.path))
+                    if isinstance(run, Skip):
+                        if warn is not None and (run.system, run.file) not in warned:
+                            warn(f"{run.system} skipped {run.file} ({label}): {run.reason}")
+                        warned.add((run.system, run.file))
+                        if rep >= 0:
+                            skips.append(run)
+                            if on_record is not None:
+                                on_record(run)
+                        continue
+                    if system is systems[0]:
+                        languages[clip.path] = run.language
                     if rep >= 0:
-                        skips.append(run)
+                        runs.append(run)
                         if on_record is not None:
                             on_record(run)
-                    continue
-                if system is systems[0]:
-                    languages[clip.path] = run.language
-                if rep >= 0:
-                    runs.append(run)
-                    if on_record is not None:
-                        on_record(run)
-                if progress is not None:
-                    progress(f"{label} file {i + 1}/{len(clips)} {system.info.name}: {run.wall_seconds:.2f} s")
-    return runs, skips
+                    if progress is not None:
+                        progress(f"{label} file {i + 1}/{len(clips)} {system.info.name}: {run.wall_seconds:.2f} s")
+        return runs, skips
 
 
 def read_loadavg() -> list[float] | None:

@@ -31,6 +31,7 @@ from specli.bench.runner import (BenchOptions, Clip, PeerSystem, PresetSystem, b
 from specli.bench.references import load_references
 from specli.bench.wer import error_counts, normalize
 from specli.asr.strategies import Engine
+from specli.core.threads import torch_threads
 from specli.io.atomic import write_atomic
 
 Progress = Callable[[str], None]
@@ -133,41 +134,38 @@ def run_archives(systems: Sequence[System], sizes: Mapping[str, Sequence[int]], 
                  warn: Progress | None = None) -> tuple[list[ArchiveRun], list[ArchiveSkip]]:
     """Warm-up, then ``opts.repeat`` passes of every (system, batch size in ``sizes``) over all clips;
     the measured runs, and the skips (``warn`` gets one line each, warm-up included)."""
-    import torch
-
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    timestamps = opts.timestamps if opts.timestamps is not None else any(c.timestamps(None) for c in clips)
-    every = sorted({b for bs in sizes.values() for b in bs})
-    languages: list[str | None] = [opts.language] * len(clips)
-    runs: list[ArchiveRun] = []
-    skips: list[ArchiveSkip] = []
-    for rep in ([-1] if opts.warmup else []) + list(range(opts.repeat)):
-        subset = list(clips[:max(every)]) if rep < 0 else list(clips)
-        label = "warm-up" if rep < 0 else f"pass {rep + 1}/{opts.repeat}"
-        for b in every:
-            for system in (s for s in systems if b in sizes[s.info.name]):
-                if isinstance(system, PresetSystem):
-                    t0 = time.perf_counter()
-                    texts, langs = preset_archive(system, subset, timestamps, b)
-                    wall = time.perf_counter() - t0
-                else:
-                    langs = languages[:len(subset)]
-                    got = peer_archive(system, subset, timestamps, b, langs)
-                    if isinstance(got, str):
-                        skips.append(ArchiveSkip(system.info.name, b, rep, got))
-                        if warn is not None:
-                            warn(f"{system.info.name} skipped batch size {b} ({label}): {got}")
-                        continue
-                    texts, wall = got
-                if system.info.name == baseline and b == 1:
-                    languages[:len(langs)] = langs  # peers reuse the baseline's languages (it runs first)
-                if progress is not None:
-                    progress(f"{label} batch {b} {system.info.name}: {len(subset)} files in {wall:.2f} s")
-                if rep >= 0:
-                    runs.append(ArchiveRun(system.info.name, b, rep, sum(c.seconds for c in subset), wall,
-                                           tuple(c.path for c in subset), tuple(texts), tuple(langs)))
-    return runs, [s for s in skips if s.repeat >= 0]
+    with torch_threads(opts.threads):  # the caller's thread count is restored on return
+        timestamps = opts.timestamps if opts.timestamps is not None else any(c.timestamps(None) for c in clips)
+        every = sorted({b for bs in sizes.values() for b in bs})
+        languages: list[str | None] = [opts.language] * len(clips)
+        runs: list[ArchiveRun] = []
+        skips: list[ArchiveSkip] = []
+        for rep in ([-1] if opts.warmup else []) + list(range(opts.repeat)):
+            subset = list(clips[:max(every)]) if rep < 0 else list(clips)
+            label = "warm-up" if rep < 0 else f"pass {rep + 1}/{opts.repeat}"
+            for b in every:
+                for system in (s for s in systems if b in sizes[s.info.name]):
+                    if isinstance(system, PresetSystem):
+                        t0 = time.perf_counter()
+                        texts, langs = preset_archive(system, subset, timestamps, b)
+                        wall = time.perf_counter() - t0
+                    else:
+                        langs = languages[:len(subset)]
+                        got = peer_archive(system, subset, timestamps, b, langs)
+                        if isinstance(got, str):
+                            skips.append(ArchiveSkip(system.info.name, b, rep, got))
+                            if warn is not None:
+                                warn(f"{system.info.name} skipped batch size {b} ({label}): {got}")
+                            continue
+                        texts, wall = got
+                    if system.info.name == baseline and b == 1:
+                        languages[:len(langs)] = langs  # peers reuse the baseline's languages (it runs first)
+                    if progress is not None:
+                        progress(f"{label} batch {b} {system.info.name}: {len(subset)} files in {wall:.2f} s")
+                    if rep >= 0:
+                        runs.append(ArchiveRun(system.info.name, b, rep, sum(c.seconds for c in subset), wall,
+                                               tuple(c.path for c in subset), tuple(texts), tuple(langs)))
+        return runs, [s for s in skips if s.repeat >= 0]
 
 
 def _median_run(runs: Sequence[ArchiveRun]) -> ArchiveRun:

@@ -17,6 +17,7 @@ from specli.bench.runner import BenchOptions, report_from_runs, run_bench
 from specli.bench.synthesis import SynthesisBenchOptions, run_synthesis_bench, summary_lines, write_synthesis_report
 from specli.bench.throughput import parse_batch_sizes, run_throughput, write_throughput_report
 from specli.commands.interrupt import report_interrupt
+from specli.core.threads import torch_threads
 from specli.presets import preset_task
 from specli.tts.acoustic.pipeline import AUDIO_DTYPES
 
@@ -182,10 +183,7 @@ def _synthesis_presets(presets: tuple[str, ...]) -> bool:
 def _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out: Path, quiet: bool, model: str | None,
                      audio: bool, audio_dtype: str = "float32") -> None:
     """Synthesis presets: INPUTS are text files / JSONL manifests (see specli.bench.synthesis)."""
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
+    click.get_current_context().with_resource(torch_threads(threads))  # restored when the command returns
     opts = SynthesisBenchOptions(tuple(presets), baseline, repeat, warmup, model=model, audio=audio,
                                  audio_dtype=audio_dtype)
     try:

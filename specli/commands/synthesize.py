@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import click
-import torch
 
+from specli.core.threads import torch_threads
 from specli.commands.interrupt import report_interrupt
 from specli.commands.synthesize_audio import OutcomeTally, echo_skipped, run_audio
 from specli.tts.synthesis import Synthesizer, load_synthesizer
@@ -104,8 +104,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
                                "need --format wav or flac")
     if "-" in inputs and launched_world_size() > 1:  # every rank would read its own part of stdin
         raise click.UsageError("'-' (text on stdin) cannot be split between processes: give text files or --text")
-    if threads:
-        torch.set_num_threads(threads)
+    click.get_current_context().with_resource(torch_threads(threads))  # restored when the command returns
     p = load_synthesis_preset(preset or _default_preset(model))
     check_output_dir(output_dir)  # a usage error before the model loads
     try:

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import click
-import torch
 
 from specli.io.audio import audio_duration
 from specli.asr.pipeline import DEFAULT_BATCH_SIZE, batch_size_for, discover, plan_outputs, run_batch, text_settings
 from specli.commands.decoding_flags import DECODING_FLAGS, decoding_options
+from specli.core.threads import torch_threads
 from specli.commands.interrupt import report_interrupt
 from specli.asr.language import check_model_name, normalize_language
 from specli.asr.speech import speech_hooks
@@ -177,8 +177,7 @@ def _check_outputs(output_dir: Path, run_manifest: Path | None) -> None:
 def _run(task: str, kw: dict) -> None:
     if kw["overwrite"] and kw["skip_existing"]:
         raise click.UsageError("--overwrite and --skip-existing exclude each other")
-    if kw["threads"]:
-        torch.set_num_threads(kw["threads"])
+    click.get_current_context().with_resource(torch_threads(kw["threads"]))  # restored when the command returns
     p = load_preset(kw["preset"])
     if click.get_current_context().get_parameter_source("preset") is click.core.ParameterSource.DEFAULT:
         p = preset_for_model(p, kw["model"])  # --model of another family: its default preset

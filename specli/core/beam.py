@@ -39,7 +39,7 @@ def beam_decode(target: BeamTarget, state: TargetState, job: DecodeJob, beam: Be
     t0 = time.perf_counter()
     stats = DecodeStats()
     dev = state.cache.device
-    first = prefill(target, state, job, len(job.prompt))  # the prompt once, then copied to every row
+    first = prefill(target, state, job, len(job.prompt), last=True)  # the prompt once, then copied to every row
     stats.target_forwards += 1
     beams = target.widen(state, beam.beam_size)
     logits = first.out.logits[0, -1:]  # [rows, vocab]: one distinct row before the first step

@@ -10,7 +10,7 @@ would have seen at that point.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +32,8 @@ class WhisperLogitRules:
     begin_suppress_tokens: tuple[int, ...]  # masked at the first sampled position
     timestamps: bool = False  # apply the timestamp rules (segment-level timestamps)
     max_initial_timestamp_index: int | None = 50  # cap on the first timestamp, None for no cap
+    # column-index tensors of the id lists above by (ids, device), built on first use (not a rule parameter)
+    _index: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     @classmethod
     def for_model(cls, special: WhisperSpecialTokens, timestamps: bool = False) -> WhisperLogitRules:
@@ -56,16 +58,25 @@ class WhisperLogitRules:
             raise ValueError(f"{logits.shape[0]} logit rows but {len(prefixes)} prefixes")
         out = logits.clone()
         if self.suppress_tokens:
-            out[:, vocab_columns(vocab, self.suppress_tokens, out.device)] = NEG_INF
+            out[:, self._columns(vocab, self.suppress_tokens, out.device)] = NEG_INF
         begin_rows = [i for i, p in enumerate(prefixes) if len(p) == 0]
         if begin_rows and self.begin_suppress_tokens:
             rows = host_to_device(begin_rows, torch.long, out.device)[:, None]
-            out[rows, vocab_columns(vocab, self.begin_suppress_tokens, out.device)[None, :]] = NEG_INF
+            out[rows, self._columns(vocab, self.begin_suppress_tokens, out.device)[None, :]] = NEG_INF
         if self.timestamps:
             for i, prefix in enumerate(prefixes):
                 self._timestamp_masks(out[i], prefix, vocab)
             self._force_timestamps(out, vocab)
         return out
+
+    def _columns(self, vocab: DraftVocab | None, tokens: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """``vocab_columns`` of ``tokens``, built once per device (a draft vocabulary caches its own)."""
+        if vocab is not None:
+            return vocab_columns(vocab, tokens, device)
+        idx = self._index.get((tokens, device))
+        if idx is None:
+            idx = self._index[(tokens, device)] = vocab_columns(None, tokens, device)
+        return idx
 
     def _timestamp_masks(self, row: torch.Tensor, seq: Sequence[int], vocab: DraftVocab | None) -> None:
         """openai/whisper's ``ApplyTimestampRules`` masks on one row, in place."""

@@ -295,6 +295,7 @@ class WhisperTarget:
         tokens: torch.Tensor,  # [B, n] candidate tokens, written to slots [length, length + n)
         positions: torch.Tensor | None = None,  # [B, n] decoder positions; default length + arange(n)
         tree_mask: torch.Tensor | None = None,  # [B, n, n] bool, True where node i may see node j
+        logit_rows: Sequence[int] | None = None,  # rows whose logits are returned (a prefill); None: all n
     ) -> ScoreOutput:
         """One decoder forward over a chain (default, causal) or a tree of candidate tokens.
 
@@ -329,7 +330,8 @@ class WhisperTarget:
                 mid = x
         cache.end(n)
         last = layer_norm(x, self.dec_ln)
-        logits = self.proj_out(last).float()
+        # [B, n or len(logit_rows), vocab]: a prompt's 51,865-column projection only for the rows read
+        logits = self.proj_out(last if logit_rows is None else last[:, list(logit_rows)]).float()
         return ScoreOutput(logits, HiddenStates(low, mid, last))
 
     @torch.inference_mode()

@@ -11,10 +11,7 @@ flip a greedy near-tie between the top two logits (core/batched.py). None flips 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +19,7 @@ import pytest
 import soundfile as sf
 from click.testing import CliRunner
 
-from conftest import EN_CLIPS, SAMPLES
+from conftest import EN_CLIPS
 from specli.io.audio import SAMPLE_RATE, load_audio
 from specli.asr.pipeline import batch_size_for, transcribe_files
 from specli.cli import main
@@ -33,7 +30,6 @@ from specli.errors import AudioError
 from specli.presets import load_preset
 from specli.asr.vad import VadOptions
 
-REPO = SAMPLES.parent
 TINY = ("--preset", "whisper-tiny.en-ar")
 TEXT_FORMATS = ("txt", "srt", "vtt", "tsv")
 
@@ -149,13 +145,11 @@ def test_resume_at_batch_n(at_batch_1, inputs, tmp_path):
            {k: v for k, v in texts(out1).items() if k.startswith("2-long") and not k.endswith(".json")}
 
 
-def test_subprocess_batch_2_equals_batch_1(at_batch_1, inputs, tmp_path):
+def test_batch_2_srt_equals_batch_1(at_batch_1, inputs, tmp_path):
     out1, _ = at_batch_1
     good = [p for p in files(inputs) if "corrupt" not in p.name][:3]
-    proc = subprocess.run([sys.executable, "-m", "specli.cli", "transcribe", *map(str, good), *TINY, "-o",
-                           str(tmp_path), "-f", "srt", "--batch-size", "2", "--threads", "1"], cwd=REPO,
-                          capture_output=True, text=True, timeout=180, env={**os.environ})
-    assert proc.returncode == 0, proc.stderr
+    res = run("transcribe", *good, *TINY, "-o", tmp_path, "-f", "srt", "--batch-size", 2, "--threads", 1)
+    assert res.exit_code == 0, res.stderr
     for p in good:
         srt = f"{p.stem}.srt"
         assert (tmp_path / srt).read_text(encoding="utf-8") == (out1 / srt).read_text(encoding="utf-8")

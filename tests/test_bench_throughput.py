@@ -1,16 +1,14 @@
 """``specli bench --batch-sizes``: whole-set throughput per (system, batch size) — the arithmetic on
-hand-made runs, and the command end to end on real clips (CliRunner and a subprocess)."""
+hand-made runs, and the command end to end on real clips (CliRunner)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
 
-from conftest import EN_CLIPS, SAMPLES
+from conftest import EN_CLIPS
 from specli.bench.throughput import ArchiveRun, markdown_section, parse_batch_sizes, throughput_table
 from specli.cli import main
 
@@ -88,15 +86,12 @@ def test_batch_sizes_report_end_to_end(tmp_path):
     assert "whisper-tiny.en-ar               batch   2" in res.stderr
 
 
-def test_batch_sizes_are_validated_as_a_subprocess(tmp_path):
-    base = [sys.executable, "-m", "specli", "bench", str(EN_CLIPS[2]), "--presets", "whisper-tiny.en-ar",
-            "--out", str(tmp_path)]
+def test_batch_sizes_and_peer_compute_types_are_validated(tmp_path):
+    base = [EN_CLIPS[2], "--presets", "whisper-tiny.en-ar", "--out", tmp_path]
     for bad in ("2,1", "0", "x"):
-        proc = subprocess.run([*base, "--batch-sizes", bad], capture_output=True, text=True, cwd=SAMPLES.parent,
-                              timeout=300)
-        assert proc.returncode == 2 and "--batch-sizes" in proc.stderr, proc.stderr
-    proc = subprocess.run([*base, "--peers", "faster-whisper:int9"], capture_output=True, text=True,
-                          cwd=SAMPLES.parent, timeout=300)
-    assert proc.returncode == 2 and "compute type must be one of" in proc.stderr, proc.stderr
+        res = _bench([*base, "--batch-sizes", bad])
+        assert res.exit_code == 2 and "--batch-sizes" in res.stderr, res.output
+    res = _bench([*base, "--peers", "faster-whisper:int9"])
+    assert res.exit_code == 2 and "compute type must be one of" in res.stderr, res.output
     res = _bench(["--from-runs", __file__, "--batch-sizes", "1,2", "--out", tmp_path])
     assert res.exit_code == 2 and "--from-runs" in res.output

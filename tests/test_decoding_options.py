@@ -4,14 +4,12 @@ reset after a hot window), seeds, and the decoding flags through the CLI on whis
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import EN_CLIPS, SAMPLES
+from conftest import EN_CLIPS
 from specli.io.audio import SAMPLE_RATE, iter_audio_chunks, load_audio
 from specli.cli import main
 from specli.commands.decoding_flags import temperature_schedule
@@ -146,12 +144,12 @@ def test_bad_decoding_flags_exit_2(tmp_path, bad):
 
 
 @pytest.mark.slow
-def test_speculative_preset_with_fallback_flags_as_a_subprocess(tmp_path):
-    cmd = [sys.executable, "-m", "specli", "transcribe", str(CLIP), "--preset", "whisper-tiny.en-eagle-asr",
-           "-o", str(tmp_path), "-f", "json", "--temperature", "0,0.6", "--best-of", "2", "--seed", "7",
-           "--logprob-threshold", "0", "--no-speech-threshold", "1", "--threads", "1"]
-    proc = subprocess.run(cmd, cwd=SAMPLES.parent, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+def test_speculative_preset_with_fallback_flags(tmp_path):
+    args = ["transcribe", str(CLIP), "--preset", "whisper-tiny.en-eagle-asr", "-o", str(tmp_path), "-f", "json",
+            "--temperature", "0,0.6", "--best-of", "2", "--seed", "7", "--logprob-threshold", "0",
+            "--no-speech-threshold", "1", "--threads", "1"]
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
     data = json.loads((tmp_path / f"{CLIP.stem}.json").read_text())
     # log-probabilities are below 0: every window fails at 0 and is sampled at 0.6 (speculatively)
     assert data["segments"] and all(s["temperature"] == 0.6 for s in data["segments"])

@@ -1,18 +1,16 @@
 """``--device`` / preset ``device`` / ``dtype = "auto"``: resolution rules, validation, and the CLI on
-this machine (through Click's CliRunner and as a subprocess). The CUDA path itself is tests/test_cuda.py."""
+this machine (through Click's CliRunner). The CUDA path itself is tests/test_cuda.py."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import EN_CLIPS, SAMPLES
+from conftest import EN_CLIPS
 from specli.cli import main
 from specli.core.device import (auto_dtype, cpu_flags, cpu_native_bf16, dtype_name, has_native_bf16,
                                    host_to_device, resolve_device, resolve_dtype)
@@ -147,15 +145,12 @@ def test_every_command_refuses_cuda_without_one(tmp_path, command):
 
 
 @NO_CUDA
-def test_bad_device_as_a_subprocess(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "specli", "transcribe", str(CLIP), "--preset", "whisper-tiny.en-ar",
-                           "--device", "cuda:0", "-o", str(tmp_path)], capture_output=True, text=True,
-                          cwd=SAMPLES.parent, timeout=300)
-    assert proc.returncode == 2
-    assert "no CUDA device" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "specli", "transcribe", str(CLIP), "--device", "tpu",
-                           "-o", str(tmp_path)], capture_output=True, text=True, cwd=SAMPLES.parent, timeout=300)
-    assert proc.returncode == 2 and "auto, cpu, cuda or cuda:N" in proc.stderr
+def test_bad_devices_are_usage_errors(tmp_path):
+    res = _invoke("transcribe", CLIP, "--preset", "whisper-tiny.en-ar", "--device", "cuda:0", "-o", tmp_path)
+    assert res.exit_code == 2
+    assert "no CUDA device" in res.stderr
+    res = _invoke("transcribe", CLIP, "--device", "tpu", "-o", tmp_path)
+    assert res.exit_code == 2 and "auto, cpu, cuda or cuda:N" in res.stderr
 
 
 def test_packed_linear_is_cpu_only_and_keeps_plain_weights_elsewhere():

@@ -1,4 +1,4 @@
-"""`specli transcribe --model <tiny Qwen3-ASR dir>` end to end: Click runner and a subprocess, every writer, a
+"""`specli transcribe --model <tiny Qwen3-ASR dir>` end to end through Click's runner: every writer, a
 > 30 s file in two 30-s windows (one segment each), resume, batch sizes, the pool preset (lossless: the same
 tokens as plain decoding), the language detected by the model itself, names under $SPECLI_MODELS_DIR, missing
 files (exit 3), translate refused (exit 2)."""
@@ -6,11 +6,8 @@ files (exit 3), translate refused (exit 2)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
@@ -20,7 +17,6 @@ from qwen2_audio_fixtures import long_clip
 from qwen3_asr_fixtures import write_tiny_qwen3_asr
 from specli.cli import main
 
-REPO = SAMPLES.parent
 # random weights: no fallback re-decodes; float32: batch rows equal batch-1 rows (bf16 near-ties may flip)
 FAST = ("--temperature-increment-on-fallback", "0", "--language", "en", "--dtype", "float32")
 SUMMARY = re.compile(r"files: (\d+) ok, (\d+) failed, (\d+) skipped")
@@ -78,25 +74,21 @@ def test_resume_batch_sizes_and_the_pool_preset_agree(tiny_dir, inputs, tmp_path
     assert _tokens(a) == _tokens(b) == _tokens(c)
 
 
-def test_subprocess_srt(tiny_dir, inputs, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "specli", "transcribe", "--model", str(tiny_dir),
-                           str(inputs / "long.wav"), "-f", "srt", "-o", str(tmp_path), "--threads", "1", *FAST],
-                          cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stderr
+def test_srt_and_no_loading_bar(tiny_dir, inputs, tmp_path, capfd):
+    res = run("transcribe", "--model", tiny_dir, inputs / "long.wav", "-f", "srt", "-o", tmp_path, "--threads", "1",
+              *FAST)
+    assert res.exit_code == 0, res.output
     srt = (tmp_path / "long.srt").read_text()
     assert srt.startswith("1\n00:00:00,000 --> 00:00:30,000\n") and "\n2\n00:00:30,000 --> " in srt
-    assert "Loading weights" not in proc.stderr  # library code shows nothing
+    assert "Loading weights" not in res.output + capfd.readouterr().err  # library code shows nothing
 
 
-def test_names_under_models_dir_and_missing_files(tiny_dir, inputs, tmp_path):
+def test_names_under_models_dir_and_missing_files(tiny_dir, inputs, tmp_path, monkeypatch):
     shutil.copytree(tiny_dir, tmp_path / "models" / "my-asr")
     clip = inputs / "queue-youarenext.wav"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SPECLI_MODELS_DIR": str(tmp_path / "models")}
-    proc = subprocess.run([sys.executable, "-m", "specli", "transcribe", "--model", "my-asr", str(clip), "-f",
-                           "json", "-o", str(tmp_path / "named"), "--threads", "1", *FAST],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr
+    monkeypatch.setenv("SPECLI_MODELS_DIR", str(tmp_path / "models"))  # read when a name is resolved
+    res = run("transcribe", "--model", "my-asr", clip, "-f", "json", "-o", tmp_path / "named", "--threads", "1", *FAST)
+    assert res.exit_code == 0, res.output
     broken = tmp_path / "broken"
     shutil.copytree(tiny_dir, broken)
     (broken / "tokenizer.json").unlink()

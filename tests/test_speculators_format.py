@@ -1,12 +1,9 @@
 """Drafter checkpoints: speculators format (save -> load exact, a merged-vocabulary file with d2t/t2d),
-z-lab DFlash format, offline name resolution, and ``specli synthesize --draft DIR`` (runner + subprocess)."""
+z-lab DFlash format, offline name resolution, and ``specli synthesize --draft DIR`` (Click runner)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -176,7 +173,7 @@ def _run(args):
     return CliRunner().invoke(main, ["synthesize", "--format", "npy", *args], catch_exceptions=False)
 
 
-def test_synthesize_with_a_drafter_directory(tmp_path, ckpt, model):
+def test_synthesize_with_a_drafter_directory(tmp_path, ckpt, model, monkeypatch):
     module = _module("dspark", model)
     save_speculators(module, tmp_path / "models" / "cosyvoice2-dspark")
     texts = ["--text", "hello there", "--text", "one two"]
@@ -189,11 +186,10 @@ def test_synthesize_with_a_drafter_directory(tmp_path, ckpt, model):
     assert list(outs.values())[0] == list(outs.values())[1]
     res = _run(["--model", str(ckpt), "--text", "hi", "--draft", str(tmp_path / "nothing"), "-o", str(tmp_path)])
     assert res.exit_code == 3 and "never downloads" in res.stderr
-    # the preset's drafter by name from $SPECLI_MODELS_DIR, as a subprocess (vllm sampler, chain)
-    env = dict(os.environ, SPECLI_MODELS_DIR=str(tmp_path / "models"))
-    proc = subprocess.run([sys.executable, "-m", "specli", "synthesize", "--format", "npy", "--preset", "cosyvoice2-dspark", "--model",
-                           str(ckpt), "--text", "hello", "-o", str(tmp_path / "sub"), "--jsonl", "-"],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    record = json.loads(proc.stdout.splitlines()[0])
+    # the preset's drafter by name from $SPECLI_MODELS_DIR (read when the name is resolved; vllm sampler, chain)
+    monkeypatch.setenv("SPECLI_MODELS_DIR", str(tmp_path / "models"))
+    res = _run(["--preset", "cosyvoice2-dspark", "--model", str(ckpt), "--text", "hello", "-o", str(tmp_path / "sub"),
+                "--jsonl", "-"])
+    assert res.exit_code == 0, res.stderr
+    record = json.loads(res.stdout.splitlines()[0])
     assert record["stats"]["verify_steps"] > 0 and (tmp_path / "sub" / "text_00001.npy").exists()

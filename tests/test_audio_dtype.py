@@ -11,6 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from flow_fixtures import write_audio_checkpoint
+from model_memo import memoized_loaders
 
 from specli.bench.synthesis import SynthesisBenchOptions
 from specli.cli import main
@@ -18,6 +19,7 @@ from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt, audio_dtype
 from specli.tts.audio_out import AudioOptions, audio_settings
 
 VOICE = Path(__file__).resolve().parent.parent / "specli" / "voices" / "specli-en"
+pytestmark = pytest.mark.usefixtures("memo_loaders")  # CLI calls reuse the session's shipped voice
 # "It's not the valleys in life I dread so much as the dips." as the voice's own LM speaks it (greedy, seed 0):
 # real speech tokens, so the mels compared below are speech, not noise.
 SENTENCE = "It's not the valleys in life I dread so much as the dips."
@@ -38,16 +40,16 @@ def test_auto_is_bf16_only_on_a_cpu_with_native_bf16() -> None:
 
 
 @pytest.fixture(scope="module")
-def voices() -> dict[str, Vocalizer]:
-    return {name: Vocalizer.from_dir(VOICE, "cosyvoice3", dtype=dtype)
-            for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+def voices(vocalizer) -> dict[str, Vocalizer]:
+    return {name: vocalizer(dtype) for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
 
 
 @pytest.fixture(scope="module")
-def tokens(tmp_path_factory: pytest.TempPathFactory) -> list[int]:
+def tokens(tmp_path_factory: pytest.TempPathFactory, model_memo) -> list[int]:
     out = tmp_path_factory.mktemp("tokens")
-    res = CliRunner().invoke(main, ["synthesize", "--model", str(VOICE), "--sampler", "greedy", "--text", SENTENCE,
-                                    "--format", "npy", "-o", str(out)], catch_exceptions=False)
+    with memoized_loaders(model_memo):
+        res = CliRunner().invoke(main, ["synthesize", "--model", str(VOICE), "--sampler", "greedy", "--text",
+                                        SENTENCE, "--format", "npy", "-o", str(out)], catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
     (path,) = out.glob("*.npy")
     return np.load(path).tolist()

@@ -17,7 +17,7 @@ from specli.asr.fallback import DecodingOptions, suppress_ids
 from specli.asr.windows import TranscribeOptions, transcribe_stream
 from specli.errors import UsageError
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "memo_loaders")
 CLIP = EN_CLIPS[1]
 
 

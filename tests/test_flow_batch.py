@@ -15,12 +15,13 @@ from specli.cli import main
 from specli.tts.acoustic.pipeline import RenderedAudio, RenderError, Vocalizer, VoicePrompt
 
 VOICE = Path(__file__).resolve().parent.parent / "specli" / "voices" / "specli-en"
+pytestmark = pytest.mark.usefixtures("memo_loaders")  # CLI calls reuse the session's shipped voice
 LENGTHS = (1, 2, 3, 9, 40, 23)  # speech tokens of the rows; 1-3 tokens make the smallest GEMMs
 
 
 @pytest.fixture(scope="module")
-def voice() -> Vocalizer:
-    return Vocalizer.from_dir(VOICE, "cosyvoice3")
+def voice(vocalizer) -> Vocalizer:
+    return vocalizer()
 
 
 def _rows(vocalizer: Vocalizer, lengths=LENGTHS, seed: int = 0) -> list[tuple[list[int], VoicePrompt]]:

@@ -16,7 +16,7 @@ import soundfile as sf
 SR = 16000
 CHORDS = ((220.0, 277.18, 329.63), (196.0, 246.94, 293.66), (174.61, 220.0, 261.63), (164.81, 207.65, 246.94))
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "memo_loaders")
 
 
 def _beat(out: np.ndarray, start: int, n: int, chord, beat_no: int, rng: np.random.Generator) -> None:

@@ -57,6 +57,7 @@ def test_the_files_load_through_the_official_loaders() -> None:
     assert tuple(prompt.prompt_mel.shape[1:]) == (4 * len(tokens), 80)
 
 
+@pytest.mark.usefixtures("memo_loaders")  # the loaders themselves are tested above and below
 def test_synthesize_renders_a_wav(tmp_path) -> None:
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["synthesize", "--model", str(VOICE), "--text", "Hello there.", "--format", "wav",

@@ -25,6 +25,7 @@ from specli.models.whisper.target import WhisperDims, WhisperTarget, default_ali
 from specli.asr.windows import FileResult, FileStats, Segment, TranscribeOptions, transcribe_stream
 from specli.asr.writers import SubtitleOptions, result_record, to_srt, to_vtt
 
+pytestmark = pytest.mark.usefixtures("memo_loaders")  # in-process loads reuse the session's models
 
 
 # ------------------------------------------------------------------------------------------------ DTW

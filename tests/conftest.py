@@ -136,3 +136,18 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.path.name))
+
+
+@pytest.fixture(scope="session")
+def audio_llm(tmp_path_factory):
+    """Tiny audio-LLM checkpoints by family name (audio_llm_families.FAMILIES), written and loaded on first use."""
+    from audio_llm_families import FAMILIES, Built
+
+    built: dict = {}
+
+    def get(name: str) -> Built:
+        if name not in built:
+            built[name] = Built(FAMILIES[name], FAMILIES[name].write(tmp_path_factory.mktemp(name) / "tiny"))
+        return built[name]
+
+    return get

@@ -1,6 +1,7 @@
 """int8 (weight-only) targets are their own greedy reference: a verified chain is computed row by row exactly as
-one-token steps compute it, so speculative greedy decoding gives int8 AR's tokens bit for bit, and speculative
-sampling keeps the int8 target's distribution.
+one-token steps compute it, so speculative greedy decoding gives int8 AR's tokens bit for bit (test_exact_matrix's
+whisper-int8 row: chains, trees, speculative greedy, ragged batches), and speculative sampling keeps the int8
+target's distribution. This file holds what only int8 has: its kernel, its name, its layers, float32 activations.
 
 Why it holds: the int8 kernel (``layers.Int8Linear``, ATen's ``_weight_int8pack_mm``) computes each output row
 from its own input row in the same order whatever the number of rows (checked here bit for bit), and the
@@ -11,22 +12,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
-
-from conftest import examples
 
 import specli.core.device as device
 from specli.asr.drafters.model import ModelDrafter
-from specli.core.greedy import greedy_decode
-from specli.core.job import DecodeJob
-from specli.core.speculative import SpecOptions, speculative_decode
 from specli.errors import PresetError, UsageError
 from specli.models.layers import Int8Linear, quantize_int8
 from specli.presets import preset_from_dict
-from test_bf16_exact import ListDrafter
+from test_exact_matrix import WhisperCase, chain_equals_steps
 from test_sampling import _exact_two_token_marginals, assert_two_token_marginals, tv
-from tiny_models import EOT, NO_TS, SOT, AlwaysWrongDrafter, tiny_rules, tiny_target, window
+from tiny_models import NO_TS, SOT, tiny_rules, tiny_target
 
 TARGET = tiny_target(0, dtype=torch.int8)
 
@@ -65,82 +59,12 @@ def test_the_int8_target_is_int8_where_it_should_be():
     assert not isinstance(TARGET.enc_blocks[0].fc1, Int8Linear)  # the encoder stays float
 
 
-def _chain_equals_steps(target) -> None:
-    prompt = [SOT, NO_TS]
-    ref = greedy_decode(target, window(target, 4), DecodeJob(prompt, tiny_rules(False), EOT, 40)).tokens
-    for start in range(0, 30, 3):
-        for n in range(2, 8):
-            chain = ref[start : start + n]
-            state = window(target, 4)
-            target.score(state, torch.tensor([prompt + ref[:start]]))
-            together = target.score(state, torch.tensor([chain])).logits[0]
-            state = window(target, 4)
-            target.score(state, torch.tensor([prompt + ref[:start]]))
-            steps = torch.cat([target.score(state, torch.tensor([[t]])).logits[0] for t in chain])
-            assert torch.equal(together, steps), (start, n)
-
-
-def test_scoring_a_chain_equals_one_token_steps_bit_for_bit():
-    _chain_equals_steps(TARGET)
-
-
-# a token tree: node i's parent (-1: a root on the cached prefix), in topological order as drafters build them
-PARENTS = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 8]
-
-
-def _path(node: int) -> list[int]:
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = PARENTS[node]
-    return path[::-1]
-
-
-@pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16])
-@pytest.mark.parametrize("start", [0, 5, 17])
-def test_scoring_a_tree_equals_one_token_steps_along_each_path(dtype, start):
-    """Trees (sparse-tree, dynamic-tree, recycling presets): each node's logits are those of one-token steps along
-    its root-to-node path, bit for bit, so tree speculation at int8 (and bf16) is lossless against AR too."""
-    target = TARGET if dtype == torch.int8 else tiny_target(0, dtype=dtype)
-    prompt = [SOT, NO_TS]
-    ref = greedy_decode(target, window(target, 4), DecodeJob(prompt, tiny_rules(False), EOT, 40)).tokens
-    prefix = torch.tensor([prompt + ref[:start]])
-    g = torch.Generator().manual_seed(start)
-    tokens = [ref[start + len(_path(i)) - 1] if i in _path(len(PARENTS) - 1) else int(torch.randint(6, 36, (1,),
-              generator=g)) for i in range(len(PARENTS))]
-    mask = torch.tensor([[j in _path(i) for j in range(len(PARENTS))] for i in range(len(PARENTS))])
-    depth = torch.tensor([len(_path(i)) - 1 for i in range(len(PARENTS))])
-    state = window(target, 4)
-    target.score(state, prefix)
-    base = prefix.shape[1]
-    tree = target.score(state, torch.tensor([tokens]), positions=(base + depth)[None], tree_mask=mask[None]).logits[0]
-    for node in range(len(PARENTS)):
-        state = window(target, 4)
-        target.score(state, prefix)
-        for j in _path(node):
-            step = target.score(state, torch.tensor([[tokens[j]]])).logits[0, 0]
-        assert torch.equal(tree[node], step), node
-
-
 def test_float32_activations_too(monkeypatch):
     """CPUs without native bf16: activations float32, the kernel still fed bf16; still exact row by row."""
     monkeypatch.setattr(device, "cpu_native_bf16", lambda: False)
-    target = tiny_target(0, dtype=torch.int8)
-    assert target.compute_dtype == torch.float32 and target.proj_out.kernel_dtype == torch.bfloat16
-    _chain_equals_steps(target)
-
-
-@examples(30)
-@given(seed=st.integers(0, 40), kind=st.sampled_from(["right", "wrong", "random"]), max_draft=st.integers(1, 9),
-       timestamps=st.booleans())
-def test_int8_speculative_greedy_equals_int8_greedy(seed, kind, max_draft, timestamps):
-    prompt = [SOT] if timestamps else [SOT, NO_TS]
-    rules = tiny_rules(timestamps)
-    ref = greedy_decode(TARGET, window(TARGET, seed), DecodeJob(prompt, rules, EOT, 40))
-    drafter = AlwaysWrongDrafter() if kind == "wrong" else ListDrafter(kind, ref.tokens, seed)
-    out = speculative_decode(TARGET, window(TARGET, seed), DecodeJob(prompt, rules, EOT, 40), drafter,
-                             SpecOptions(max_draft=max_draft))
-    assert out.tokens == ref.tokens and out.finished == ref.finished
+    case = WhisperCase(torch.int8)
+    assert case.target.compute_dtype == torch.float32 and case.target.proj_out.kernel_dtype == torch.bfloat16
+    chain_equals_steps(case)
 
 
 def test_int8_speculative_sampling_keeps_the_int8_distribution():

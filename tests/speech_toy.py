@@ -41,7 +41,7 @@ class TableTarget:
         return ToyState(self.max_len)
 
     def score(self, state: ToyState, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-              tree_mask: torch.Tensor | None = None) -> ScoreOutput:
+              tree_mask: torch.Tensor | None = None, logit_rows: list[int] | None = None) -> ScoreOutput:
         cache, n = state.cache, tokens.shape[1]
         start = cache.length
         tok = tokens[0].tolist()
@@ -64,6 +64,8 @@ class TableTarget:
         cache.write(0, start, ids, ids)
         cache.length = start + n
         logits = self.table[prev, tok][None]  # [1, n, V]
+        if logit_rows is not None:
+            logits = logits[:, logit_rows]  # [1, len(logit_rows), V]
         h = self.eye[tok][None]  # [1, n, V] one-hot states
         return ScoreOutput(logits, HiddenStates(h, h, h))
 

@@ -213,8 +213,8 @@ def test_training_forward_gives_the_drafted_distributions(cv, kind):
 class AuxTableTarget(TableTarget):
     """The toy trigram target, returning its one-hot state as three auxiliary layers (ids 0, 1, 2)."""
 
-    def score(self, state, tokens, positions=None, tree_mask=None) -> ScoreOutput:
-        out = super().score(state, tokens, positions, tree_mask)
+    def score(self, state, tokens, positions=None, tree_mask=None, logit_rows=None) -> ScoreOutput:
+        out = super().score(state, tokens, positions, tree_mask, logit_rows)
         h = out.hidden.last
         return ScoreOutput(out.logits, HiddenStates(h, h, h, (h, h, h), (0, 1, 2)))
 

@@ -9,8 +9,6 @@ distribution without changing decoding (Whisper reads ``<|nospeech|>`` at ``<|st
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
 
 import torch
@@ -67,34 +65,16 @@ class Prefill:
 def prefill(target: Target, state: TargetState, job: DecodeJob, upto: int, last: bool = False) -> Prefill:
     """Score ``job.prompt[:upto]`` into ``state``'s cache in one target forward (none when ``upto`` is 0);
     the job's probe is read when its position is among them. Logits come back for the probed row and, with
-    ``last``, the last row only (a target whose ``score`` takes ``logit_rows`` projects only those)."""
+    ``last``, the last row only (``score``'s ``logit_rows``)."""
     if upto <= 0:
         return Prefill(None, None)
     probe = job.probe
     probed_row = probe is not None and probe.index < upto
     rows = sorted(({probe.index} if probed_row else set()) | ({upto - 1} if last else set()))
     tokens = host_to_device([list(job.prompt[:upto])], torch.long, state.cache.device)
-    if takes_logit_rows(target):
-        out = target.score(state, tokens, logit_rows=rows)
-    else:
-        full = target.score(state, tokens)
-        out = ScoreOutput(full.logits[:, rows], full.hidden)
+    out = target.score(state, tokens, logit_rows=rows)
     probed = probe.read(out.logits[0, rows.index(probe.index)]) if probed_row else None
     return Prefill(out, probed)
-
-
-def takes_logit_rows(target: Target) -> bool:
-    """Whether ``target.score`` can return the logits of chosen rows only (its ``logit_rows`` keyword)."""
-    return _score_takes_logit_rows(type(target))
-
-
-@functools.lru_cache(maxsize=64)
-def _score_takes_logit_rows(kind: type) -> bool:
-    score = getattr(kind, "score", None)
-    try:
-        return score is not None and "logit_rows" in inspect.signature(score).parameters
-    except (TypeError, ValueError):  # no signature (builtins)
-        return False
 
 
 def probe_at(job: DecodeJob, position: int, logits: torch.Tensor) -> float | None:

@@ -71,6 +71,7 @@ class Target(Protocol):
         tokens: torch.Tensor,  # [B, n]
         positions: torch.Tensor | None = None,  # [B, n]
         tree_mask: torch.Tensor | None = None,  # [B, n, n] bool
+        logit_rows: Sequence[int] | None = None,  # rows whose logits are returned (a prefill reads few); None: all
     ) -> ScoreOutput: ...
 
 
@@ -190,4 +191,5 @@ class BatchTarget(Protocol):
     def score(self, state: TargetState, tokens: torch.Tensor,  # [B, n]
               positions: torch.Tensor | None = None,  # [B, n]
               tree_mask: torch.Tensor | None = None,  # [B, n, n] bool
+              logit_rows: Sequence[int] | None = None,  # rows whose logits are returned; None: all
               ) -> ScoreOutput: ...

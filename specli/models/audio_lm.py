@@ -172,7 +172,7 @@ class AudioLMTarget:
 
     @torch.inference_mode()
     def score(self, state: AudioLMState, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-              tree_mask: torch.Tensor | None = None) -> ScoreOutput:
+              tree_mask: torch.Tensor | None = None, logit_rows: Sequence[int] | None = None) -> ScoreOutput:
         """One decoder forward over a chain or tree (the :class:`~specli.models.qwen2.Qwen2Target` contract);
         rows starting at position 0 (a prompt's prefill) take the audio embeddings at their audio placeholders
         and set their RoPE offset (:meth:`prompt_rope_delta`); every row's RoPE runs at position + offset."""
@@ -193,7 +193,8 @@ class AudioLMTarget:
         prefill = (positions[:, 0] == 0).nonzero()[:, 0].tolist()
         for row in prefill:
             state.rope_delta[row] = self.prompt_rope_delta(tokens[row])
-        out = self.lm.score(state, None, positions + state.rope_delta[:b, None], tree_mask, embeds=embeds)
+        out = self.lm.score(state, None, positions + state.rope_delta[:b, None], tree_mask, embeds=embeds,
+                            logit_rows=logit_rows)
         if self.experts is not None and not prefill:
             self.experts.add(b, n, self.lm.experts_touched())
         return out

@@ -266,6 +266,7 @@ class Qwen2Target:
         positions: torch.Tensor | None = None,  # [B, n] positions; default length + arange(n)
         tree_mask: torch.Tensor | None = None,  # [B, n, n] bool, True where node i may see node j
         embeds: torch.Tensor | None = None,  # [B, n, hidden] input embeddings instead of token ids
+        logit_rows: Sequence[int] | None = None,  # rows whose logits are returned; None: all n
     ) -> ScoreOutput:
         """One forward over a chain (default, causal) or a tree; K/V of all ``n`` inputs are appended.
 
@@ -291,7 +292,9 @@ class Qwen2Target:
                 mid = x
         cache.end(n)
         last = rms_norm(x, self.norm, self.dims.rms_eps)
-        logits = self.head(last).float()
+        logits = self.head(last).float()  # [B, n, vocab]: every row, so bf16 rows round as in a full forward
+        if logit_rows is not None:
+            logits = logits[:, list(logit_rows)]  # [B, len(logit_rows), vocab]
         return ScoreOutput(logits, HiddenStates(low, mid, last, tuple(states[i] for i in self.aux_layers),
                                                  self.aux_layers))
 

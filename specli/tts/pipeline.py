@@ -439,7 +439,8 @@ def result_record(result: SynthesisResult, source: str = "") -> dict:
     s = result.stats
     return {
         "id": result.id, "source": source, "text": result.text,
-        **({"pieces": list(result.pieces)} if result.pieces else {}), "tokens": len(result.tokens), "text_tokens": result.text_tokens,
+        **({"pieces": list(result.pieces)} if result.pieces else {}),
+        "tokens": len(result.tokens), "text_tokens": result.text_tokens,
         "min_len": result.min_len, "max_len": result.max_len, "finished": result.finished,
         "stats": {"target_forwards": s.target_forwards, "decode_seconds": round(s.decode_seconds, 4),
                   "tokens_per_second": round(len(result.tokens) / s.decode_seconds, 2) if s.decode_seconds else 0.0,

@@ -101,9 +101,9 @@ class CosyVoiceLM:
         return out
 
     def score(self, state: Qwen2State, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-              tree_mask: torch.Tensor | None = None) -> ScoreOutput:
+              tree_mask: torch.Tensor | None = None, logit_rows: Sequence[int] | None = None) -> ScoreOutput:
         """Score input-layout ids ``tokens [B, n]`` (chain or tree); logits over the speech head."""
-        return self.qwen.score(state, None, positions, tree_mask, embeds=self.embed(tokens))
+        return self.qwen.score(state, None, positions, tree_mask, embeds=self.embed(tokens), logit_rows=logit_rows)
 
 
 @dataclass(frozen=True)

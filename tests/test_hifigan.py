@@ -90,8 +90,8 @@ def _write_tiny(path: Path, state: dict[str, torch.Tensor] | None = None) -> Pat
 
 
 @pytest.fixture(scope="module")
-def universal() -> HifiGan:
-    return load_hifigan()
+def universal(hifigan) -> HifiGan:
+    return hifigan  # the session's load_hifigan() (read only here)
 
 
 @pytest.fixture(scope="module")

@@ -53,68 +53,47 @@ DTYPES = {
 }
 
 
+def _language(model, clip: Path, language: str | None) -> str | None:
+    """The transcription language of ``clip`` (``_BY_CLIP``: Spanish for the Spanish samples on a multilingual
+    model, else detected)."""
+    if language == _BY_CLIP:
+        return "es" if "/es/" in str(clip) and model.special.multilingual else None
+    return language
+
+
 def _tokens(model, clip: Path, decode=None, language: str | None = _BY_CLIP):
     """(tokens per segment, decode stats) of ``clip``, greedy at every window (no temperature fallback): the outputs
-    must match token for token."""
-    if language == _BY_CLIP:
-        language = "es" if "/es/" in str(clip) and model.special.multilingual else None
+    must match token for token (the AR reference: conftest's ``ar_reference``, the same call without ``decode``)."""
+    language = _language(model, clip, language)
     opts = TranscribeOptions(language=language, decoding=DecodingOptions(temperatures=(0.0,)))
     res = transcribe_stream(model, iter_audio_chunks(clip), opts, **({} if decode is None else {"decode": decode}))
     return [s.tokens for s in res.segments], res.stats.decode
 
 
-@pytest.fixture(scope="module")
-def models(whisper_models):
-    """Real bundled models by (name, dtype), loaded on first use (float32 from the session's)."""
-    loaded: dict = {}
-
-    def get(name: str, dtype: str):
-        if dtype == "float32":
-            return whisper_models(name)
-        if (name, dtype) not in loaded:
-            loaded[name, dtype] = load_whisper(name, dtype)
-        return loaded[name, dtype]
-
-    return get
-
-
-@pytest.fixture(scope="module")
-def ar_tokens(models):
-    """AR greedy tokens per (model, dtype, clip, language), decoded once for every preset and test here."""
-    refs: dict = {}
-
-    def get(name: str, dtype: str, clip: Path, language: str | None):
-        key = (name, dtype, clip, language)
-        if key not in refs:
-            refs[key] = _tokens(models(name, dtype), clip, language=language)[0]
-        return refs[key]
-
-    return get
-
-
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("name", SPECULATIVE)
-def test_preset_transcripts_identical_to_ar(models, ar_tokens, name, dtype):
+def test_preset_transcripts_identical_to_ar(whisper_models, ar_reference, name, dtype):
     run = DTYPES[dtype]
     preset = run.as_run(load_preset(name))
-    model = models(preset.model, dtype)
+    model = whisper_models(preset.model, dtype)
     assert model.target.dtype == getattr(torch, dtype)
     decode = build_decoder(preset, model, "en")
     forwards = tokens = 0
     for _round in range(2 if preset.drafter == "pool" else 1):  # a second round lets the pool draw on the first
         for clip in run.clips(preset):
             got, stats = _tokens(model, clip, decode, run.language)
-            assert got == ar_tokens(preset.model, dtype, clip, run.language), (name, dtype, clip.name)
+            want = ar_reference(preset.model, dtype, clip, _language(model, clip, run.language))
+            assert got == want, (name, dtype, clip.name)
             forwards += stats.target_forwards
             tokens += stats.tokens
     assert forwards < tokens, f"{name} ({dtype}): no draft token was ever accepted"
 
 
-def test_int8_text_is_close_to_float32(ar_tokens):
+def test_int8_text_is_close_to_float32(ar_reference):
     """Not a WER benchmark (benchmarks/bench_int8.py is): int8 and fp32 tiny.en agree on most tokens."""
     for clip in INT8_CLIPS:
-        a = [t for seg in ar_tokens("whisper-tiny.en", "int8", clip, "en") for t in seg]
-        b = [t for seg in ar_tokens("whisper-tiny.en", "float32", clip, "en") for t in seg]
+        a = [t for seg in ar_reference("whisper-tiny.en", "int8", clip, "en") for t in seg]
+        b = [t for seg in ar_reference("whisper-tiny.en", "float32", clip, "en") for t in seg]
         same = sum(x == y for x, y in zip(a, b))
         assert same >= 0.8 * max(len(a), len(b)), (clip.name, same, len(a), len(b))
 

@@ -3,7 +3,9 @@
 * ``specli/core`` is model-neutral: it imports no model family, no pipeline, no command, no click or rich;
 * ``specli/models`` sit below the pipelines: no ``asr``, ``tts``, ``commands``, ``bench``, ``distill``;
 * only ``commands/`` and ``cli.py`` import click or rich;
-* no import loop between specli modules, and no specli import inside a function to dodge one.
+* no import loop between specli modules, and no specli import inside a function to dodge one;
+* one module (``specli/io/locate.py``) knows where models are kept: it alone names ``$SPECLI_MODELS_DIR`` or the
+  Hugging Face cache's variables, and imports ``huggingface_hub``.
 """
 
 from __future__ import annotations
@@ -110,6 +112,29 @@ def test_no_import_loops() -> None:
     assert loops == []
 
 
+#: the environment variables (and huggingface_hub constants) that say where models are kept
+MODEL_PLACES = frozenset({"SPECLI_MODELS_DIR", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"})
+
+
+def _names_model_places(tree: ast.AST) -> bool:
+    """Whether code (not prose) names a model place: a string equal to one, an attribute or a name of one."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in MODEL_PLACES:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in MODEL_PLACES:
+            return True
+        if isinstance(node, ast.Name) and node.id in MODEL_PLACES:
+            return True
+    return False
+
+
+def test_one_module_knows_where_models_are_kept() -> None:
+    readers = {name for name in MODULES if _names_model_places(_tree(name))}
+    hub = {name for name in MODULES
+           if any(t.split(".")[0] == "huggingface_hub" for t in _imports(name, True) | _imports(name, False))}
+    assert readers == {"specli.io.locate"} and hub == {"specli.io.locate"}
+
+
 def test_the_layering_test_sees_the_tree() -> None:
     """Guards the guard: it reads the real modules and would see a violation."""
     assert {"specli.core.speculative", "specli.models.whisper.target", "specli.asr.windows"} <= set(MODULES)
@@ -118,3 +143,5 @@ def test_the_layering_test_sees_the_tree() -> None:
     tree = ast.parse(source)
     nested = [n for n in ast.walk(tree.body[1]) if isinstance(n, ast.ImportFrom)]
     assert _targets(nested[0]) == ["specli.asr.windows"]
+    reads = ast.parse('import os\nmodels = os.environ.get("SPECLI_MODELS_DIR")\n"""$SPECLI_MODELS_DIR/x"""\n')
+    assert _names_model_places(reads) and not _names_model_places(ast.parse('"""$SPECLI_MODELS_DIR/<name>"""\n'))

@@ -19,7 +19,6 @@ name already in the local Hugging Face cache. Nothing is downloaded; missing fil
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from specli.core.job import DecodeJob
 from specli.core.kv_cache import KVCache, RaggedKVCache
 from specli.core.types import ScoreOutput
 from specli.errors import ModelLoadError, UsageError
+from specli.io.locate import Lookup, locate, under_models_dir
 from specli.models.moe import ExpertTally
 from specli.models.qwen2 import Qwen2Target
 from specli.models.speech import WindowPrompt
@@ -270,8 +270,7 @@ def claims_dir(name_or_dir: str, names: dict[str, str], marker: str, model_type:
     or a directory (as given or under ``$SPECLI_MODELS_DIR``) whose ``config.json`` says ``model_type``."""
     if name_or_dir in names or marker in name_or_dir.lower():
         return True
-    models = os.environ.get("SPECLI_MODELS_DIR")
-    for path in (Path(name_or_dir).expanduser(), *([Path(models) / name_or_dir] if models else [])):
+    for path in (Path(name_or_dir).expanduser(), *under_models_dir(name_or_dir)):
         cfg = read_config(path) if path.is_dir() else None
         if cfg is not None and cfg.get("model_type") == model_type:
             return True
@@ -279,25 +278,9 @@ def claims_dir(name_or_dir: str, names: dict[str, str], marker: str, model_type:
 
 
 def resolve_dir(name_or_dir: str, names: dict[str, str], label: str) -> Path:
-    """The model directory: a path, ``$SPECLI_MODELS_DIR/<name>``, or a cached hub snapshot of ``names``' hub id
-    (never downloaded); ``label`` names the family in the error."""
-    path = Path(name_or_dir).expanduser()
-    if path.is_dir():
-        return path
-    models = os.environ.get("SPECLI_MODELS_DIR")
-    if models and (Path(models) / name_or_dir).is_dir():
-        return Path(models) / name_or_dir
-    repo = names.get(name_or_dir, name_or_dir)
-    if repo.count("/") == 1 and not repo.startswith((".", "/", "~")):
-        from huggingface_hub import snapshot_download  # noqa: PLC0415 (not a specli module)
-
-        try:
-            return Path(snapshot_download(repo, local_files_only=True))
-        except (OSError, ValueError):
-            pass
-    where = f"$SPECLI_MODELS_DIR/{name_or_dir}" if models else "$SPECLI_MODELS_DIR (not set)"
-    raise ModelLoadError(f"{label} model {name_or_dir!r} not found: not a directory, not under {where}, and "
-                         f"{repo!r} is not in the local Hugging Face cache (specli never downloads)")
+    """The model directory, found offline by :func:`~specli.io.locate.locate`: a path, ``$SPECLI_MODELS_DIR/<name>``,
+    or a cached hub snapshot of ``names``' hub id (never downloaded); ``label`` names the family in the error."""
+    return locate(name_or_dir, Lookup(f"{label} model", repo=names.get(name_or_dir)))
 
 
 #: what a directory lacks when it has no feature-extractor settings (both places they are read from)

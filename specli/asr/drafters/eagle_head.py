@@ -55,6 +55,7 @@ from specli.models.layers import Int8Linear, Linear, cross_attention
 from specli.models.whisper.target import WhisperDims, WhisperTarget
 from specli.errors import ModelLoadError
 from specli.io.atomic import write_atomic
+from specli.io.locate import Lookup, locate
 
 FORMAT = "specli-eagle-head/1"
 MAX_STEPS = 32  # draft steps the head's self-attention cache holds (max_draft is capped at 24)
@@ -285,15 +286,15 @@ def save_head(head: SpeechDraftHead, out: str | Path, training: dict | None = No
     return out
 
 
+def _head_missing(path: Path) -> list[str]:
+    return [f for f in ("config.json", "model.safetensors") if not (path / f).is_file()]
+
+
 def resolve_head(name_or_path: str) -> Path:
-    """A head directory by path, or a head shipped with specli (``specli/heads/<name>``)."""
-    path = Path(name_or_path)
-    if path.is_dir():
-        return path
-    shipped = resources.files("specli") / "heads" / name_or_path
-    if shipped.is_dir():
-        return Path(str(shipped))
-    raise ModelLoadError(f"EAGLE head {name_or_path!r}: no such directory and no shipped head of that name")
+    """A head directory by path, a head shipped with specli (``specli/heads/<name>``), or one found offline by
+    :func:`~specli.io.locate.locate` (``$SPECLI_MODELS_DIR/<name>``, the local Hugging Face cache)."""
+    shipped = Path(str(resources.files("specli") / "heads" / name_or_path))
+    return locate(name_or_path, Lookup("EAGLE head", required=_head_missing, shipped=(shipped,)))
 
 
 def load_head(name_or_path: str | Path, target: WhisperTarget) -> SpeechDraftHead:

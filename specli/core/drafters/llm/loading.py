@@ -1,9 +1,10 @@
 """Build a DSpark / DFlash / EAGLE-3 drafter for a speech-token (or any Qwen2) target.
 
 A drafter is a directory (speculators format, z-lab DFlash or SpecForge's EAGLE-3 ``LlamaForCausalLMEagle3``,
-told apart by config.json) given by path, or a name resolved offline as ``$SPECLI_MODELS_DIR/<name>``
-(nothing is downloaded). Loading attaches the drafter's auxiliary layers to the target (converted to the
-target's layer-input convention), maps token ids when the directory records another layout, and wraps the
+told apart by config.json) given by path, or a name found offline by :mod:`specli.io.locate`
+(``$SPECLI_MODELS_DIR/<name>``, the local Hugging Face cache; nothing is downloaded). Loading attaches the drafter's
+auxiliary layers to the target (converted to the target's layer-input convention), maps token ids when the
+directory records another layout, and wraps the
 module for the preset's strategy:
 ``chain`` (plain), ``adaptive`` (confidence truncation), ``sparse-tree`` (alternatives at
 low-confidence slots), ``dynamic-tree`` (an EAGLE-2 tree: over a block drafter's slots, or EAGLE-3's draft steps) or ``recycling``
@@ -12,7 +13,6 @@ low-confidence slots), ``dynamic-tree`` (an EAGLE-2 tree: over a block drafter's
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -26,6 +26,7 @@ from specli.core.drafters.llm.base import KINDS, SpeechDraftModule, attach_aux_l
 from specli.core.drafters.llm.specforge import drafter_format, load_specforge_eagle3
 from specli.core.drafters.llm.speculators import load_speech_drafter
 from specli.errors import ModelLoadError
+from specli.io.locate import Lookup, locate
 
 SpeechStrategy = Literal["chain", "adaptive", "sparse-tree", "dynamic-tree", "recycling"]
 STRATEGIES: tuple[str, ...] = ("chain", "adaptive", "sparse-tree", "dynamic-tree", "recycling")
@@ -62,24 +63,18 @@ class SpeechDraftOptions:
             tree_threshold=self.tree_threshold)
 
 
+def _drafter_missing(path: Path) -> list[str]:
+    """What a drafter directory lacks: its config.json and weights."""
+    missing = [] if (path / "config.json").is_file() else ["config.json"]
+    if not (any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))):
+        missing.append("*.safetensors (SpecForge: or pytorch_model.bin)")
+    return missing
+
+
 def resolve_drafter_dir(name_or_dir: str) -> Path:
-    """A drafter directory by path, or ``$SPECLI_MODELS_DIR/<name>``; never downloads."""
-    path = Path(name_or_dir).expanduser()
-    if path.is_dir():
-        return _checked(path)
-    models = os.environ.get("SPECLI_MODELS_DIR")
-    if models and (Path(models) / name_or_dir).is_dir():
-        return _checked(Path(models) / name_or_dir)
-    where = f"$SPECLI_MODELS_DIR/{name_or_dir}" + ("" if models else " (SPECLI_MODELS_DIR is not set)")
-    raise ModelLoadError(f"drafter {name_or_dir!r}: no such directory and not found as {where}; "
-                         "specli never downloads: copy the drafter directory there")
-
-
-def _checked(path: Path) -> Path:
-    weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
-    if not (path / "config.json").is_file() or not weights:
-        raise ModelLoadError(f"drafter {path}: needs config.json and *.safetensors (SpecForge: or pytorch_model.bin)")
-    return path
+    """A drafter directory by path, or by name found offline by :func:`~specli.io.locate.locate`
+    (``$SPECLI_MODELS_DIR/<name>``, a hub id in the local Hugging Face cache); never downloads."""
+    return locate(name_or_dir, Lookup("drafter", required=_drafter_missing))
 
 
 def wrap(module: SpeechDraftModule, options: SpeechDraftOptions = SpeechDraftOptions()) -> Drafter:

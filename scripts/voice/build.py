@@ -5,7 +5,8 @@ Every stage resumes where an interrupted run stopped (rerun the same command); `
 Paths come from one work directory (``--work``, else ``$SPECLI_VOICE_WORK``: scripts/voice/paths.py) and the voice
 (``--voice``, default the shipped ``specli/voices/specli-en``, which training continues from and assembles into).
 Heavy stages run at the lowest priority (``--nice``) on ``--threads`` threads (1: the LM and the flow train side by
-side, one core each, in two shells; 2 for the flow alone).
+side, one core each, in two shells; 2 for the flow alone); progress goes to stderr (``2>> <work>/logs/NAME.log``
+keeps it, as the old train_voice.sh did).
 
 Run it from the repository root (``scripts`` is a folder of the checkout, not an installed package).
 

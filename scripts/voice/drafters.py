@@ -47,15 +47,15 @@ def labels(work: Path, voice: Path, args: argparse.Namespace) -> None:
         write_jsonl([{"id": sid, "text": text} for sid, text in picked], work / f"{split}.jsonl")
     sampler = args.sampler
     for split in rows:
-        _specli(args.threads, "distill", "data", "--preset", "cosyvoice3-ar", "--model", str(voice), "--sampler", sampler, "-q",
-                "--out", str(work / f"data-{sampler}" / split), str(work / f"{split}.jsonl"))
+        _specli(args.threads, "distill", "data", "--preset", "cosyvoice3-ar", "--model", str(voice),
+                "--sampler", sampler, "-q", "--out", str(work / f"data-{sampler}" / split), str(work / f"{split}.jsonl"))
 
 
 def train(work: Path, voice: Path, args: argparse.Namespace) -> None:
     data = work / f"data-{args.sampler}"
     for drafter in args.drafters.split(","):
-        _specli(args.threads, "distill", "train", "--preset", "cosyvoice3-ar", "--model", str(voice), "--drafter", drafter,
-                "--layers", str(args.layers), "--block", str(args.block), "--epochs", str(args.epochs),
+        _specli(args.threads, "distill", "train", "--preset", "cosyvoice3-ar", "--model", str(voice),
+                "--drafter", drafter, "--layers", str(args.layers), "--block", str(args.block), "--epochs", str(args.epochs),
                 "--val", str(data / "val"), "--out", str(work / drafter), str(data / "train"))
 
 

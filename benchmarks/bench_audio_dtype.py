@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts" / "voice"))
+sys.path.insert(0, str(REPO))  # scripts.voice, the voice's build
 
-from texts import sentences  # noqa: E402  (scripts/voice/texts.py: the corpus's held-out sentences)
+from scripts.voice.corpus.texts import sentences  # noqa: E402  (the corpus's held-out sentences)
 
 from specli.core.device import CPUINFO, cpu_flags, cpu_native_bf16  # noqa: E402
 from specli.models.cosyvoice.lm import load_cosyvoice  # noqa: E402

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts" / "voice"))
+sys.path.insert(0, str(REPO))  # scripts.voice, the voice's build
 
-from texts import sentences  # noqa: E402  (scripts/voice/texts.py: the corpus's held-out sentences)
+from scripts.voice.corpus.texts import sentences  # noqa: E402  (the corpus's held-out sentences)
 
 from specli.models.cosyvoice.lm import load_cosyvoice  # noqa: E402
 from specli.presets.synthesis import load_synthesis_preset  # noqa: E402

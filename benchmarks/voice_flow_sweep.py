@@ -34,8 +34,10 @@ import soundfile as sf
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "voice"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts.voice, the voice's build
 from voice_roundtrip import heard, heldout  # noqa: E402
+
+from scripts.voice.paths import Layout, work_dir  # noqa: E402
 
 from specli.bench.wer import ErrorCounts, error_counts  # noqa: E402
 from specli.models.cosyvoice.lm import resolve_cosyvoice  # noqa: E402
@@ -112,7 +114,7 @@ def scores(clips: list[tuple[str, str]], got: dict[str, str], lengths: dict[str,
 
 def voice_copy(source: Path, steps: int, cfg: float, work: Path) -> Path:
     """A copy of the voice with the flow's steps and CFG in its yaml (assemble.py's keys)."""
-    from assemble import replace_flow
+    from scripts.voice.assemble import replace_flow
 
     out = work / "voices" / f"s{steps}-cfg{cfg:g}"
     if not (out / "SHA256SUMS").is_file():
@@ -123,7 +125,7 @@ def voice_copy(source: Path, steps: int, cfg: float, work: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--voice", default="specli-en", help="a shipped voice's name or a voice's model directory")
-    ap.add_argument("--corpus", type=Path, default=Path("/work/voice/data"), help="make_voice_data.py output")
+    ap.add_argument("--corpus", type=Path, help="the voice corpus (default: <$SPECLI_VOICE_WORK>/data)")
     ap.add_argument("--tokens", type=Path, default=Path("data/voice/tokens/tokens.npz"))
     ap.add_argument("--sentences", type=int, default=50)
     ap.add_argument("--steps", default="1,2,4,10", help="flow Euler steps, comma-separated")
@@ -132,9 +134,11 @@ def main() -> None:
                     help="read back by whisper, in this order: SOURCE-sSTEPS-cfgRATE, SOURCE true or e2e")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--work", type=Path, default=Path("/work/voice/sweep"), help="audio and voice copies (kept)")
+    ap.add_argument("--work", type=Path, help="audio and voice copies, kept (default: <$SPECLI_VOICE_WORK>/sweep)")
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks/voice/sweep"))
     args = ap.parse_args()
+    args.corpus = args.corpus or Layout(work_dir(None)).data
+    args.work = args.work or work_dir(None) / "sweep"
     torch.set_num_threads(args.threads)
     clips = heldout(args.corpus, args.sentences)
     source = Path(resolve_cosyvoice(args.voice))

@@ -1,6 +1,6 @@
 """Round trip of specli's own voice: held-out sentences spoken, then read back by the bundled whisper-base.
 
-For the first ``--sentences`` held-out sentences of the voice corpus (``scripts/make_voice_data.py``: piper's
+For the first ``--sentences`` held-out sentences of the voice corpus (``python -m scripts.voice corpus``: piper's
 joe voice reading Debian fortunes never trained on), four systems, each transcribed by whisper-base (greedy,
 English, the ``whisper-base-ar`` preset), word error rate after Whisper's English normaliser:
 
@@ -17,8 +17,9 @@ English, the ``whisper-base-ar`` preset), word error rate after Whisper's Englis
 Writes ``report.json``, ``README.md`` and ``mel.png`` (piper's and specli's log-mel of one sentence) to
 ``--out``. Not a test; run it by hand on a quiet machine, e.g.
 
-    python benchmarks/voice_roundtrip.py --sentences 50 --threads 2 --out docs/benchmarks/voice   # the shipped voice
-    python benchmarks/voice_roundtrip.py --voice /work/voice/candidate --sentences 20 --out /tmp/rt
+    python benchmarks/voice_roundtrip.py --corpus WORK/data --sentences 50 --threads 2 --out docs/benchmarks/voice
+    python benchmarks/voice_roundtrip.py --voice CANDIDATE_DIR --corpus WORK/data --sentences 20 --out /tmp/rt
+    python -m scripts.voice roundtrip --work WORK --voice CANDIDATE_DIR --sentences 100   # the build's stage
 """
 
 from __future__ import annotations
@@ -177,8 +178,8 @@ def write_markdown(rep: dict, path: Path) -> None:
     path.write_text(
         f"# specli-en round trip ({rep['sentences']} held-out sentences, whisper-base greedy)\n\n"
         f"Voice `{rep['voice']}`, {rep['threads']} threads, seed {rep['seed']}, torch {rep['torch']}.\n"
-        f"Reproduce: `python benchmarks/voice_roundtrip.py --voice {rep['voice']} --sentences {rep['sentences']} --threads "
-        f"{rep['threads']}`.\n\n| system | WER | missing |\n|---|---|---|\n{rows}\n\n"
+        f"Reproduce: `python benchmarks/voice_roundtrip.py --voice {rep['voice']} --corpus CORPUS "
+        f"--sentences {rep['sentences']} --threads {rep['threads']}`.\n\n| system | WER | missing |\n|---|---|---|\n{rows}\n\n"
         f"specli real-time factor per stage (seconds per second of audio): "
         + ", ".join(f"{k} {v:.3f}" for k, v in rtf.items()) + "\n\n![mel](mel.png)\n", encoding="utf-8")
 
@@ -186,7 +187,7 @@ def write_markdown(rep: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--voice", default="specli-en", help="a shipped voice's name or a voice's model directory")
-    ap.add_argument("--corpus", type=Path, default=Path("/work/voice/data"), help="make_voice_data.py output")
+    ap.add_argument("--corpus", type=Path, required=True, help="the voice corpus (<work>/data of scripts.voice)")
     ap.add_argument("--tokens", type=Path, default=Path("data/voice/tokens/tokens.npz"),
                     help="the corpus's committed speech tokens (for the flow-only system)")
     ap.add_argument("--sentences", type=int, default=50)

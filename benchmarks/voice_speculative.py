@@ -1,4 +1,4 @@
-"""Speculative synthesis on specli-en: the drafters distilled from the voice's own LM (scripts/voice/distill_drafters.sh)
+"""Speculative synthesis on specli-en: the drafters distilled from the voice's own LM (python -m scripts.voice drafters)
 against plain decoding, on held-out sentences the drafters never saw, 2 threads, one process, interleaved.
 
 1. Batch 1 (``specli bench``'s synthesis runner, one warm-up pass + ``--repeat`` measured passes, every sentence
@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts" / "voice"))
+sys.path.insert(0, str(REPO))  # scripts.voice, the voice's build
 
-from texts import sentences  # noqa: E402  (scripts/voice/texts.py: the corpus's held-out sentences)
+from scripts.voice.corpus.texts import sentences  # noqa: E402  (the corpus's held-out sentences)
 
 from specli.bench.synthesis import SynthesisBenchOptions, run_synthesis_bench  # noqa: E402
 from specli.models.cosyvoice.lm import load_cosyvoice  # noqa: E402

@@ -1,4 +1,4 @@
-"""scripts/voice/train_flow.py's one-step decoder and the voice yaml's own flow steps: a tiny DiT trained by the
+"""scripts/voice/flow.py's one-step decoder and the voice yaml's own flow steps: a tiny DiT trained by the
 regression objective decodes its training mel in one Euler step of the official solver; an official-structure yaml
 keeps 10 steps and CFG 0.7, a voice's ``n_timesteps`` / ``inference_cfg_rate`` (written by assemble.py) are read."""
 
@@ -18,9 +18,9 @@ from specli.tts.acoustic.cfm import CFMSettings
 from specli.tts.acoustic.flow import flow_config
 from specli.tts.acoustic.flow_cv3 import DiTConfig, FlowCV3, FlowCV3Config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "voice"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: scripts.voice
 
-import train_flow as T  # noqa: E402
+from scripts.voice import flow as T  # noqa: E402
 
 _HEADER = "spk_embed_dim: 192\ntoken_frame_rate: 25\ntoken_mel_ratio: 2\nchunk_size: 25\n"
 # one Euler step without guidance: what a voice trained as a one-step decoder puts in its yaml
@@ -94,7 +94,7 @@ def test_recipe_rows_regress_from_t0_or_flow_match() -> None:
 
 
 def test_official_yaml_keeps_ten_steps_and_the_voice_key_is_read(tmp_path: Path) -> None:
-    import assemble
+    from scripts.voice import assemble
 
     def cfm_of(text: str) -> CFMSettings:
         (tmp_path / "c.yaml").write_text(_HEADER + text)

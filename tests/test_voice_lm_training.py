@@ -1,4 +1,4 @@
-"""scripts/voice/train_lm.py: the regularisers of the voice LM's training (dropout, input-token noise) leave the
+"""scripts/voice/lm.py: the regularisers of the voice LM's training (dropout, input-token noise) leave the
 saved model and its inference untouched; cheap offline checks on a tiny Qwen2, no corpus needed."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "voice"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: scripts.voice
 
 pytest.importorskip("transformers")
-import train_lm as T  # noqa: E402
+from scripts.voice import lm as T  # noqa: E402
 
 CODEBOOK, ROWS = 20, 20 + T.EXTRA_ROWS
 

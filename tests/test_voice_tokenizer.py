@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "voice"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: scripts.voice
 
-import tokgraph as G  # noqa: E402
+from scripts.voice.tokenizer import graph as G  # noqa: E402
 
 soxr = pytest.importorskip("soxr")
 
@@ -90,7 +90,7 @@ def _tiny_graph(levels: tuple[int, ...]) -> G.TokenizerGraph:
 def test_exported_onnx_follows_frontend_contract(tmp_path, quant):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
-    import tokexport as X
+    from scripts.voice.tokenizer import export as X
 
     from specli.tts.acoustic.features import whisper_log_mel
     from specli.tts.acoustic.frontend import SpeechTokenizer

@@ -7,13 +7,11 @@ Writes ``<out>/``: ``cosyvoice3.yaml`` (the official file's shape plus specli's 
 loaders (the LM, the flow + vocoder, the ONNX frontend) and checks the LM's teacher-forced logits against the
 training module's (float32) on held-out sentences.
 
-    python scripts/voice/assemble.py --lm /work/voice/train/lm/best.pt --flow /work/voice/train/flow/best.pt \\
-        --blank /work/voice/blank --onnx /work/voice/tokenizer/speech_tokenizer_v3.onnx --out specli/voices/specli-en
+    python -m scripts.voice assemble --work DIR    # <work>/train/{lm,flow}/best.pt, data/voice/blank, the ONNX file
 
-A session that trained only the flow replaces it in a copy of an assembled voice (its yaml, LM, tokenizer and
-ONNX file kept; the flow must have the yaml's shape, which loading the copy through specli's strict loader checks):
-
-    python scripts/voice/assemble.py --from specli/voices/specli-en --flow /work/voice/train/flow/best.pt --out DIR
+A session that trained only the flow (no ``<work>/train/lm/best.pt``) replaces it in a copy of an assembled voice
+(its yaml, LM, tokenizer and ONNX file kept; the flow must have the yaml's shape, which loading the copy through
+specli's strict loader checks); ``--out DIR`` writes elsewhere than into the voice.
 
 ``--flow-steps N`` / ``--cfg-rate W`` write the flow's default Euler steps and guidance weight into the yaml's
 ``cfm_params`` (``n_timesteps``, specli's own optional key, and upstream's ``inference_cfg_rate``), e.g. 1 and 0 for
@@ -30,14 +28,16 @@ import shutil
 from pathlib import Path
 
 import torch
-from common import BLANK, log
-from train_flow import flow_config
-from train_lm import LMShape, VoiceLM, build_sequences, qwen_config
 
 from specli.io.atomic import write_atomic, write_atomic_with
 from specli.models.cosyvoice.layout import SpeechLMSpec
 from specli.models.cosyvoice.lm import load_cosyvoice
 from specli.tts.acoustic.pipeline import Vocalizer
+
+from .common import log
+from .flow import flow_config
+from .lm import LMShape, VoiceLM, build_sequences, qwen_config
+from .paths import BLANK
 
 YAML = """\
 # specli-en: a small English voice trained by specli (README: data, steps, licences). CosyVoice3's layout:
@@ -174,11 +174,12 @@ def write_sums(out: Path) -> None:
 
 
 @torch.no_grad()
-def check_lm(module: VoiceLM, out: Path, blank: Path, codebook: int) -> float:
+def check_lm(module: VoiceLM, out: Path, blank: Path, codebook: int, corpus: Path, tokens_npz: Path) -> float:
     """Largest |logit difference| between specli's loaded LM (float32) and the training module on held-out."""
     loaded = load_cosyvoice(str(out), "float32")
     worst = 0.0
-    for seq, _plen in build_sequences("heldout", blank, SpeechLMSpec("cosyvoice3", codebook))[:4]:
+    spec = SpeechLMSpec("cosyvoice3", codebook)
+    for seq, _plen in build_sequences("heldout", blank, spec, corpus, tokens_npz)[:4]:
         ids = torch.tensor([seq])
         ours = module(ids, torch.ones_like(ids))[0]
         theirs = loaded.lm.score(loaded.lm.start(len(seq) + 2), ids).logits[0]
@@ -188,7 +189,7 @@ def check_lm(module: VoiceLM, out: Path, blank: Path, codebook: int) -> float:
 
 def replace_flow(source: Path, flow: dict | None, out: Path, steps: int | None = None,
                  cfg_rate: float | None = None) -> None:
-    """``out`` = a copy of the assembled voice ``source`` with the flow of ``flow`` (a train_flow.py best.pt; None
+    """``out`` = a copy of the assembled voice ``source`` with the flow of ``flow`` (a flow run's best.pt; None
     keeps the voice's) and the yaml's CFM keys set (:func:`with_cfm_keys`); the flow's shape must be the yaml's
     (the caller loads ``out`` through specli's strict loader, which checks every key)."""
     if out.resolve() != source.resolve():
@@ -208,21 +209,14 @@ def check_cfm(vocalizer: Vocalizer, steps: int | None, cfg_rate: float | None) -
     return f"{cfm.n_timesteps} flow steps, CFG {cfm.inference_cfg_rate}"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lm", type=Path, help="train_lm.py best.pt")
-    ap.add_argument("--flow", type=Path, help="train_flow.py best.pt (with --from: optional)")
-    ap.add_argument("--flow-steps", type=int, help="the flow's default Euler steps, in the yaml (absent: 10)")
-    ap.add_argument("--cfg-rate", type=float, help="the flow's guidance weight, in the yaml (official: 0.7)")
-    ap.add_argument("--blank", type=Path)
-    ap.add_argument("--onnx", type=Path)
-    ap.add_argument("--from", dest="source", type=Path, help="an assembled voice whose flow alone is replaced")
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
+def assemble(args: argparse.Namespace) -> None:
+    """Write and check the voice: ``args.lm`` / ``flow`` (best.pt files; None: not trained), ``blank``, ``onnx``,
+    ``source`` (an assembled voice whose flow alone is replaced, or None), ``out``, ``flow_steps``, ``cfg_rate``,
+    ``corpus`` and ``tokens`` (held-out sentences for the LM check)."""
     flow = None if args.flow is None else torch.load(args.flow, weights_only=False)
     if args.source is not None:
-        if args.lm or args.blank or args.onnx:
-            ap.error("--from keeps the voice's LM, tokenizer and ONNX file: no --lm, --blank or --onnx")
+        if args.lm:
+            raise SystemExit("error: --from keeps the voice's LM, tokenizer and ONNX file: no --lm")
         replace_flow(args.source, flow, args.out, args.flow_steps, args.cfg_rate)
         vocalizer = Vocalizer.from_dir(args.out, "cosyvoice3")
         what = "its own flow" if flow is None else (f"flow of {args.flow} (step {flow['step']}, held-out "
@@ -231,7 +225,8 @@ def main() -> None:
             f"vocalizer {vocalizer.spec.mel.sample_rate} Hz")
         return
     if not (args.lm and args.blank and args.onnx and flow is not None):
-        ap.error("give --flow, --lm, --blank and --onnx (or --from VOICE to replace only the flow or the CFM keys)")
+        raise SystemExit("error: assembling a voice needs a trained LM and flow, the text tokenizer and the ONNX file "
+                         "(or --from VOICE to replace only the flow or the CFM keys)")
     lm = torch.load(args.lm, weights_only=False)
     dit = flow["config"]["dit"]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -244,13 +239,9 @@ def main() -> None:
     write_atomic_with(args.out / "flow.pt", lambda fh: torch.save(half(flow["model"]), fh))
     shutil.copyfile(args.onnx, args.out / "speech_tokenizer_v3.onnx")
     write_sums(args.out)
-    worst = check_lm(module.float().eval(), args.out, args.blank, lm["codebook"])
+    worst = check_lm(module.float().eval(), args.out, args.blank, lm["codebook"], args.corpus, args.tokens)
     vocalizer = Vocalizer.from_dir(args.out, "cosyvoice3")
     log(f"{args.out}: LM logits vs training module max |diff| {worst:.2e} (float16 weights); "
         f"{check_cfm(vocalizer, args.flow_steps, args.cfg_rate)}; vocalizer "
         f"{vocalizer.spec.mel.sample_rate} Hz, {vocalizer.spec.token_mel_ratio} frames/token; "
         f"{sum(p.stat().st_size for p in args.out.rglob('*') if p.is_file()) / 2**20:.1f} MiB")
-
-
-if __name__ == "__main__":
-    main()

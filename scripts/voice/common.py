@@ -1,16 +1,9 @@
-"""Shared paths and corpus access for the scripts that build specli's own voice (specli-en).
-
-Everything heavy lives outside git under ``$SPECLI_VOICE_WORK`` (default ``/work/voice``): the piper corpus
-(``data/``, rebuilt by ``scripts/make_voice_data.py``), the speech tokenizer's caches, training checkpoints.
-What must outlive a machine is committed under ``data/voice/`` (sentence hashes, speech-token ids) and, once it
-beats the committed one, the voice itself: ``specli/voices/specli-en/``, the shipped package data that training
-continues from.
-"""
+"""Shared helpers of the voice's build: progress on stderr, the corpus's sentences, the learning-rate schedule,
+atomic checkpoints. Paths come from :mod:`scripts.voice.paths`."""
 
 from __future__ import annotations
 
 import math
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +11,6 @@ from pathlib import Path
 import torch
 
 from specli.io.atomic import write_atomic_with
-
-REPO = Path(__file__).resolve().parents[2]
-WORK = Path(os.environ.get("SPECLI_VOICE_WORK", "/work/voice"))
-CORPUS = WORK / "data"  # wavs/<id>.wav, train.tsv, heldout.tsv (scripts/make_voice_data.py)
-VOICE_DIR = REPO / "specli" / "voices" / "specli-en"  # the voice in training (committed once a session)
-BLANK = "CosyVoice-BlankEN"  # the text tokenizer + Qwen2 config directory inside a model directory
 
 
 def log(msg: str) -> None:
@@ -40,8 +27,8 @@ class Clip:
     seconds: float  # audio length
 
 
-def clips(split: str, corpus: Path = CORPUS) -> list[Clip]:
-    """The ``train`` or ``heldout`` sentences of the corpus, in file order."""
+def clips(split: str, corpus: Path) -> list[Clip]:
+    """The ``train`` or ``heldout`` sentences of the corpus ``corpus`` (``<work>/data``), in file order."""
     path = corpus / f"{split}.tsv"
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -51,7 +38,7 @@ def clips(split: str, corpus: Path = CORPUS) -> list[Clip]:
     return out
 
 
-def wav_path(clip_id: str, corpus: Path = CORPUS) -> Path:
+def wav_path(clip_id: str, corpus: Path) -> Path:
     return corpus / "wavs" / f"{clip_id}.wav"
 
 
@@ -63,7 +50,40 @@ def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
 
 
+def update(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, lr: float) -> None:
+    """One optimiser step on ``loss`` at learning rate ``lr``, the gradient norm clipped to 1."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 def save(path: Path, payload: dict) -> None:
     """``torch.save`` written atomically (a crash never leaves half a checkpoint)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic_with(path, lambda fh: torch.save(payload, fh))
+
+
+def restore(run: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, init: Path | None) -> tuple[int, float]:
+    """``(step, best held-out value)`` of a run: its latest checkpoint's (model and optimiser restored), else 0 and
+    inf, from ``init`` weights when given (a shipped voice's float16 file with the official keys), else from scratch."""
+    found = sorted((run / "checkpoints").glob("ckpt-*.pt"))
+    if found:
+        state = torch.load(found[-1], weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        return state["step"], state["best"]
+    if init is not None:
+        model.load_state_dict({k: v.float() for k, v in torch.load(init, weights_only=True).items()})
+        log(f"initialised from {init}")
+    return 0, float("inf")
+
+
+def checkpoint(run: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, best: float) -> None:
+    """``<run>/checkpoints/ckpt-<step>.pt`` (model, optimiser, step, best), the two latest kept."""
+    save(run / "checkpoints" / f"ckpt-{step:08d}.pt",
+         {"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "best": best})
+    for old in sorted((run / "checkpoints").glob("ckpt-*.pt"))[:-2]:
+        old.unlink()

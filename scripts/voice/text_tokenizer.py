@@ -6,17 +6,17 @@ specli's loader then appends CosyVoice3's special tokens (``<|endofprompt|>`` an
 them, as upstream does. Pre-tokenisation during training is Qwen2's own split (the pattern Qwen2Tokenizer
 applies), so the merges learnt are the merges used. Only training sentences are read (held-out ones never are).
 
-    python scripts/voice/text_tokenizer.py --out /work/voice/blank --vocab 1024
+    python -m scripts.voice text-tokenizer --work DIR --vocab 1024     # -> data/voice/blank (committed)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from common import clips, log
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from .common import clips, log
 
 # transformers' Qwen2Tokenizer pre-tokenisation pattern
 QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
@@ -53,19 +53,12 @@ def save_blank(tok: Tokenizer, out: Path) -> int:
     return len(vocab) + len(SPECIALS)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help="the CosyVoice-BlankEN directory to write")
-    ap.add_argument("--vocab", type=int, default=1024, help="BPE entries (256 bytes + merges)")
-    args = ap.parse_args()
-    texts = [c.text for c in clips("train")]
-    tok = train_bpe(texts, args.vocab)
-    size = save_blank(tok, args.out)
+def train(corpus: Path, out: Path, vocab: int) -> None:
+    """The BPE of ``vocab`` entries on the training sentences of ``corpus``, saved to ``out``."""
+    texts = [c.text for c in clips("train", corpus)]
+    tok = train_bpe(texts, vocab)
+    size = save_blank(tok, out)
     words = sum(len(t.split()) for t in texts)
     pieces = sum(len(tok.encode(t).ids) for t in texts)
-    log(f"{args.out}: {size} tokens (with Qwen's specials) from {len(texts)} sentences; "
+    log(f"{out}: {size} tokens (with Qwen's specials) from {len(texts)} sentences; "
         f"{pieces / words:.2f} tokens per word")
-
-
-if __name__ == "__main__":
-    main()

@@ -17,7 +17,8 @@ from types import MappingProxyType
 from specli.errors import ModelLoadError
 
 # name -> description of the voices inside the package (`specli models` lists them). specli-en is trained by
-# scripts/voice/train_voice.sh, continuing from specli/voices/specli-en; tests/test_voice_roundtrip.py holds it to its stated bound.
+# `python -m scripts.voice` (scripts/voice/build.py), continuing from specli/voices/specli-en;
+# tests/test_voice_roundtrip.py holds it to its stated bound.
 SHIPPED_VOICES: MappingProxyType[str, str] = MappingProxyType({
     "specli-en": "English voice trained here (CosyVoice3 layout: 7M-parameter LM, 6M DiT flow, HiFi-GAN V1 "
                  "vocoder, 22.05 kHz; piper joe-us speaking fortunes); synthesize's default",

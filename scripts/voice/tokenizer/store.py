@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokgraph import MEL_FRAMES_PER_TOKEN
+from .graph import MEL_FRAMES_PER_TOKEN
 
 
 def shard_paths(root: Path) -> list[Path]:

@@ -1,6 +1,6 @@
 """FSQ training with probe heads: codes -> CTC over espeak phonemes (a residual conv stack) + the token's 4 vocoder mel frames.
 
-The FSQ projection (tokgraph.FSQ) is what ships; the heads only make the codes carry phonetic content
+The FSQ projection (graph.FSQ) is what ships; the heads only make the codes carry phonetic content
 (CTC) and local acoustics (mel L1).  ``quantise=False`` trains the same model without rounding (the
 continuous reference).
 """
@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tokgraph import FSQ, MEL_FRAMES_PER_TOKEN
-from tokstore import FeatureSet
+from .graph import FSQ, MEL_FRAMES_PER_TOKEN
+from .store import FeatureSet
 
 CTC_PER_TOKEN = 2  # CTC frames per token: phonemes can outnumber 21.5 Hz tokens
 

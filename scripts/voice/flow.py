@@ -28,9 +28,8 @@ one-step estimate from the inference's fixed noise buffer on whole held-out clip
 Mels are jik876's (``HifiGan.mel``: what the vocoder was trained on) of the clip zero-padded to a multiple of
 ``4 * 256`` samples, so a clip of n speech tokens has exactly 4 n frames; they are cached under ``<run>/mels``.
 
-    python scripts/voice/train_flow.py --run /work/voice/train/flow --codebook 729 --depth 6 --steps 30000
-    python scripts/voice/train_flow.py --run /work/voice/train/mix --codebook 729 --depth 6 --objective mix \\
-        --init specli/voices/specli-en/flow.pt --lr 1e-4 --warmup 100 --val-every 250
+    python -m scripts.voice flow --work DIR                     # <work>/train/flow, from the shipped voice's flow
+    python -m scripts.voice flow --work DIR --run mix --objective mix --steps 8000 --allow-missing
 """
 
 from __future__ import annotations
@@ -46,14 +45,14 @@ import numpy as np
 import soundfile as sf
 import torch
 import torch.nn.functional as F
-from common import log, lr_at, save, wav_path
-from voicetokens import speech_tokens
-
 from specli.core.device import cpu_native_bf16
 from specli.io.atomic import write_atomic_with
 from specli.tts.acoustic.cfm import CFMSettings, fixed_noise
 from specli.tts.acoustic.features import prompt_mel
 from specli.tts.acoustic.flow_cv3 import DiTConfig, FlowCV3, FlowCV3Config
+
+from .common import checkpoint, log, lr_at, restore, save, update, wav_path
+from .tokenizer.tokens import speech_tokens
 
 RATIO = 4  # mel frames per speech token
 HOP = 256  # samples per mel frame at 22.05 kHz
@@ -83,32 +82,34 @@ def flow_config(codebook: int, dim: int, depth: int, heads: int, lookahead: int)
                          cfm=CFMSettings())
 
 
-def clip_mel(clip_id: str) -> np.ndarray:
-    """jik876's log-mel ``[4 n, 80]`` of the clip zero-padded to a multiple of 4 * 256 samples."""
-    audio, rate = sf.read(wav_path(clip_id), dtype="float32")
+def clip_mel(wav: Path) -> np.ndarray:
+    """jik876's log-mel ``[4 n, 80]`` of the clip ``wav`` zero-padded to a multiple of 4 * 256 samples."""
+    audio, rate = sf.read(wav, dtype="float32")
     if rate != 22050:
-        raise ValueError(f"{clip_id}: {rate} Hz, expected 22050")
+        raise ValueError(f"{wav}: {rate} Hz, expected 22050")
     audio = np.pad(audio, (0, -len(audio) % (RATIO * HOP)))
     return prompt_mel(audio, 8000.0, n_fft=1024, hop=HOP, sample_rate=22050)[0].T.numpy()
 
 
-def pairs(split: str, cache: Path, allow_missing: bool = False) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
-    """``(tokens [n], mel [4 n, 80] float16)`` of every clip of the committed speech tokens' ``split`` (mels cached
-    in ``cache``), in id order, and how many were left out because the corpus has no wav of them yet (only with
-    ``allow_missing``: a corpus still being built)."""
-    tokens = speech_tokens(split)
+def pairs(split: str, cache: Path, corpus: Path, tokens_npz: Path,
+          allow_missing: bool = False) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """``(tokens [n], mel [4 n, 80] float16)`` of every clip of the committed speech tokens' (``tokens_npz``)
+    ``split`` (mels of the ``corpus`` wavs cached in ``cache``), in id order, and how many were left out because the
+    corpus has no wav of them yet (only with ``allow_missing``: a corpus still being built)."""
+    tokens = speech_tokens(split, tokens_npz)
     cache.mkdir(parents=True, exist_ok=True)
     out, missing = [], 0
     for cid in sorted(tokens):
         codes, path = tokens[cid], cache / f"{cid}.npy"
         if not path.is_file():
-            if not wav_path(cid).is_file():
+            wav = wav_path(cid, corpus)
+            if not wav.is_file():
                 if not allow_missing:
-                    raise SystemExit(f"{wav_path(cid)} missing: build the corpus (train_voice.sh data), or pass "
+                    raise SystemExit(f"{wav} missing: build the corpus (python -m scripts.voice corpus), or pass "
                                      "--allow-missing to train on the clips there so far")
                 missing += 1
                 continue
-            mel = clip_mel(cid).astype(np.float16)
+            mel = clip_mel(wav).astype(np.float16)
             write_atomic_with(path, lambda fh, m=mel: np.save(fh, m))
         mel = np.load(path)
         n = min(len(codes), mel.shape[0] // RATIO)
@@ -209,18 +210,9 @@ def train(args: argparse.Namespace) -> None:
     recipe, metric = recipe_of(args), "cfm" if args.objective == "cfm" else "l1"
     flow = FlowCV3(cfg).train()
     opt = torch.optim.AdamW(flow.parameters(), lr=args.lr, weight_decay=0.0)
-    found = sorted((args.run / "checkpoints").glob("ckpt-*.pt"))
-    step, best = 0, float("inf")
-    if found:
-        state = torch.load(found[-1], weights_only=False)
-        flow.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        step, best = state["step"], state["best"]
-    elif args.init is not None:  # a new run starts from the committed voice (float16 flow.pt, official keys)
-        flow.load_state_dict({k: v.float() for k, v in torch.load(args.init, weights_only=True).items()})
-        log(f"initialised from {args.init}")
-    train_data, missing = pairs("train", args.run / "mels", args.allow_missing)
-    val_data = pairs("heldout", args.run / "mels")[0][: args.val_clips]
+    step, best = restore(args.run, flow, opt, args.init)  # a new run starts from the voice's flow.pt (--init)
+    train_data, missing = pairs("train", args.run / "mels", args.corpus, args.tokens, args.allow_missing)
+    val_data = pairs("heldout", args.run / "mels", args.corpus, args.tokens)[0][: args.val_clips]
     order = sorted(range(len(train_data)), key=lambda i: len(train_data[i][0]))
     bf16 = args.bf16 and cpu_native_bf16()
     log(f"flow {asdict(cfg.dit)} ({sum(p.numel() for p in flow.parameters()) / 1e6:.1f}M params), "
@@ -230,16 +222,11 @@ def train(args: argparse.Namespace) -> None:
     rng, gen = random.Random(args.seed + step), torch.Generator().manual_seed(args.seed + step)
     t0, seen = time.perf_counter(), 0
     while step < args.steps:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
         idx = (similar_lengths(order, args.batch, rng) if args.by_length
                else [rng.randrange(len(train_data)) for _ in range(args.batch)])
         batch = collate(train_data, idx, args.crop, rng, recipe.prompt_prob)
         loss = flow_loss(flow, batch, recipe, rng.random() < args.streaming, gen, bf16)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(flow.parameters(), 1.0)
-        opt.step()
+        update(flow, opt, loss, lr_at(step, args.lr, args.warmup, args.steps))
         step, seen = step + 1, seen + 1
         if step % args.log_every == 0:
             log(f"step {step}: loss {loss.item():.4f} {(time.perf_counter() - t0) / seen:.2f} s/step")
@@ -252,34 +239,34 @@ def train(args: argparse.Namespace) -> None:
                 save(args.run / "best.pt", {"model": flow.state_dict(), "step": step, "val": best, "metric": metric,
                                             "held_out": val, "recipe": asdict(recipe),
                                             "config": json.loads(json.dumps(asdict(cfg)))})
-            save(args.run / "checkpoints" / f"ckpt-{step:08d}.pt",
-                 {"model": flow.state_dict(), "optim": opt.state_dict(), "step": step, "best": best})
-            for old in sorted((args.run / "checkpoints").glob("ckpt-*.pt"))[:-2]:
-                old.unlink()
+            checkpoint(args.run, flow, opt, step, best)
             if missing:  # a corpus still being built: take in the clips spoken since
-                train_data, missing = pairs("train", args.run / "mels", True)
+                train_data, missing = pairs("train", args.run / "mels", args.corpus, args.tokens, True)
                 order = sorted(range(len(train_data)), key=lambda i: len(train_data[i][0]))
                 log(f"step {step}: {len(train_data)} train clips ({missing} without a wav yet)")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run", type=Path, required=True, help="run directory (checkpoints, best.pt, mels); resumes")
-    ap.add_argument("--codebook", type=int, required=True, help="speech codebook size (the flow's vocab_size)")
+FROM_SCRATCH = (3e-4, 1000)  # (peak learning rate, warm-up steps) of a new flow
+FINE_TUNE = (1e-4, 100)  # the same from the shipped flow (re-warming to the from-scratch peak made it worse)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The flow stage's training options; defaults are specli-en's recipe (its shape, the mix objective, its
+    inference's conditions). The build adds the paths (run, corpus, tokens, init) and the codebook."""
     ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument("--depth", type=int, default=6)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--lookahead", type=int, default=256, help="pre-lookahead conv channels")
-    ap.add_argument("--init", type=Path, help="flow.pt to start a new run from (e.g. the shipped voice's)")
-    ap.add_argument("--steps", type=int, default=30000)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--warmup", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=8000)
+    ap.add_argument("--lr", type=float,
+                    help=f"peak learning rate (default {FROM_SCRATCH[0]}; {FINE_TUNE[0]} from --init)")
+    ap.add_argument("--warmup", type=int, help=f"warm-up steps (default {FROM_SCRATCH[1]}; {FINE_TUNE[1]} from --init)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--crop", type=int, default=256,
                     help="tokens per training utterance at most (256 = 11.9 s: every corpus clip whole)")
     ap.add_argument("--by-length", action=argparse.BooleanOptionalAction, default=True,
                     help="batch clips of similar length (less padding) instead of uniformly drawn ones")
-    ap.add_argument("--objective", choices=("cfm", "regress", "mix"), default="cfm",
+    ap.add_argument("--objective", choices=("cfm", "regress", "mix"), default="mix",
                     help="cfm: flow matching; regress: one-step decoder from t = 0; mix: both, per row")
     ap.add_argument("--reg-frac", type=float, default=0.7, help="mix: share of rows regressed from t = 0")
     ap.add_argument("--reg-loss", choices=("l1", "l2"), default="l1", help="the regression rows' loss")
@@ -289,15 +276,10 @@ def main() -> None:
                     help="classifier-free guidance dropout (upstream 0.2; specli-en decodes without CFG)")
     ap.add_argument("--streaming", type=float, default=0.0,
                     help="probability of chunk-causal attention (upstream 0.5; specli never streams)")
-    ap.add_argument("--val-every", type=int, default=1000)
+    ap.add_argument("--val-every", type=int, default=250)
     ap.add_argument("--val-clips", type=int, default=100, help="held-out clips validated (first in id order)")
     ap.add_argument("--allow-missing", action="store_true",
                     help="train on the clips whose wav exists while the corpus is built; more join at each validation")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
-    train(ap.parse_args())
-
-
-if __name__ == "__main__":
-    main()

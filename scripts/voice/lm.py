@@ -15,7 +15,8 @@ Training is resumable (``<run>/checkpoints/ckpt-*.pt``, atomic, the two latest k
 with native bf16, AdamW with warm-up and cosine decay, batches by a token budget, held-out loss every
 ``--val-every`` steps, ``<run>/best.pt`` the best held-out model.
 
-    python scripts/voice/train_lm.py --run /work/voice/train/lm --blank /work/voice/blank --steps 20000
+    python -m scripts.voice lm --work DIR               # <work>/train/lm, from the shipped voice's LM
+    python -m scripts.voice lm --work DIR --init none --steps 20000 --dropout 0 --token-noise 0   # from scratch
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import clips, log, lr_at, save
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from voicetokens import speech_tokens
 
 from specli.core.device import cpu_native_bf16
 from specli.models.cosyvoice.layout import InputLayout, SpeechLMSpec
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, CosyVoiceTokenizer
+
+from .common import checkpoint, clips, log, lr_at, restore, save, update
+from .tokenizer.tokens import speech_tokens
 
 EXTRA_ROWS = 200  # CosyVoice3: speech_embedding / llm_decoder rows past the codebook (sos, eos, task, fill, ...)
 
@@ -93,14 +95,16 @@ def qwen_config(shape: LMShape, text_vocab: int) -> Qwen2Config:
                        attention_dropout=0.0)
 
 
-def build_sequences(split: str, blank: Path, spec: SpeechLMSpec) -> list[tuple[list[int], int]]:
-    """``(input ids incl. the speech tokens and eos, prompt length)`` per clip, as specli builds them."""
+def build_sequences(split: str, blank: Path, spec: SpeechLMSpec, corpus: Path,
+                    tokens_npz: Path) -> list[tuple[list[int], int]]:
+    """``(input ids incl. the speech tokens and eos, prompt length)`` per clip of the ``corpus`` with speech tokens
+    in ``tokens_npz``, as specli builds them."""
     tok = CosyVoiceTokenizer(blank, "cosyvoice3")
     lay = InputLayout(spec)
     prefix = tok.encode(CV3_DEFAULT_PROMPT)
-    tokens = speech_tokens(split)
+    tokens = speech_tokens(split, tokens_npz)
     out = []
-    for clip in clips(split):
+    for clip in clips(split, corpus):
         codes = tokens.get(clip.id)
         if codes is None:
             continue
@@ -174,28 +178,16 @@ def held_out_loss(model: VoiceLM, seqs, budget: int, bf16: bool) -> float:
     return total / max(count, 1)
 
 
-def latest(run: Path) -> dict | None:
-    found = sorted((run / "checkpoints").glob("ckpt-*.pt"))
-    return None if not found else torch.load(found[-1], weights_only=False)
-
-
 def train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     spec = SpeechLMSpec("cosyvoice3", args.codebook)
-    train_seqs, val_seqs = build_sequences("train", args.blank, spec), build_sequences("heldout", args.blank, spec)
+    train_seqs = build_sequences("train", args.blank, spec, args.corpus, args.tokens)
+    val_seqs = build_sequences("heldout", args.blank, spec, args.corpus, args.tokens)
     text_vocab = len(CosyVoiceTokenizer(args.blank, "cosyvoice3"))
-    shape = LMShape(**json.loads(args.shape)) if args.shape else LMShape()
+    shape = LMShape(**{**asdict(SHAPE), **json.loads(args.shape or "{}")})
     model = VoiceLM(qwen_config(shape, -(-text_vocab // 64) * 64), spec.speech_rows, args.dropout)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    state = latest(args.run)
-    step, best = 0, float("inf")
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        step, best = state["step"], state["best"]
-    elif args.init is not None:  # a new run starts from the committed voice (float16 llm.pt, official keys)
-        model.load_state_dict({k: v.float() for k, v in torch.load(args.init, weights_only=True).items()})
-        log(f"initialised from {args.init}")
+    step, best = restore(args.run, model, opt, args.init)  # a new run starts from the voice's llm.pt (--init)
     bf16 = args.bf16 and cpu_native_bf16()
     n_params = sum(p.numel() for p in model.parameters())
     log(f"LM {shape} ({n_params / 1e6:.1f}M params), {len(train_seqs)} train / {len(val_seqs)} held-out sequences, "
@@ -205,13 +197,8 @@ def train(args: argparse.Namespace) -> None:
     t0, seen = time.perf_counter(), 0
     while step < args.steps:
         for idx in batches(train_seqs, args.batch_tokens, rng):
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
             loss = loss_of(model, corrupt(collate(train_seqs, idx), args.token_noise, args.codebook, noise_gen), bf16)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            update(model, opt, loss, lr_at(step, args.lr, args.warmup, args.steps))
             step, seen = step + 1, seen + 1
             if step % args.log_every == 0:
                 log(f"step {step}: loss {float(loss):.4f} lr {lr_at(step, args.lr, args.warmup, args.steps):.2e} "
@@ -224,34 +211,30 @@ def train(args: argparse.Namespace) -> None:
                     save(args.run / "best.pt", {"model": model.state_dict(), "step": step, "val": val,
                                                 "shape": asdict(shape), "codebook": args.codebook,
                                                 "text_vocab": model.llm.model.config.vocab_size})
-                payload = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "best": best}
-                save(args.run / "checkpoints" / f"ckpt-{step:08d}.pt", payload)
-                for old in sorted((args.run / "checkpoints").glob("ckpt-*.pt"))[:-2]:
-                    old.unlink()
+                checkpoint(args.run, model, opt, step, best)
             if step >= args.steps:
                 break
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run", type=Path, required=True, help="run directory (checkpoints, best.pt); resumes")
-    ap.add_argument("--blank", type=Path, required=True, help="CosyVoice-BlankEN tokenizer directory")
-    ap.add_argument("--codebook", type=int, required=True, help="speech codebook size (speech_token_size)")
-    ap.add_argument("--shape", help='JSON LMShape overrides, e.g. {"hidden": 256, "layers": 6}')
-    ap.add_argument("--init", type=Path, help="llm.pt to start a new run from (e.g. the shipped voice's)")
-    ap.add_argument("--steps", type=int, default=20000)
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--warmup", type=int, default=500)
+SHAPE = LMShape(hidden=256, layers=6, heads=4, kv_heads=2, intermediate=1024)  # specli-en's LM (6.7M parameters)
+FROM_SCRATCH = (5e-4, 500, 500)  # (peak learning rate, warm-up steps, steps between validations) of a new LM
+FINE_TUNE = (1e-4, 50, 250)  # the same from the shipped LM (re-warming to the from-scratch peak made it worse)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The LM stage's training options; defaults are specli-en's recipe (its shape; dropout and input-token noise,
+    as the LM overfits). The build adds the paths (run, blank, corpus, tokens, init) and the codebook."""
+    ap.add_argument("--shape", help=f'JSON LMShape overrides of {asdict(SHAPE)}, e.g. {{"layers": 8}}')
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--lr", type=float,
+                    help=f"peak learning rate (default {FROM_SCRATCH[0]}; {FINE_TUNE[0]} from --init)")
+    ap.add_argument("--warmup", type=int, help=f"warm-up steps (default {FROM_SCRATCH[1]}; {FINE_TUNE[1]} from --init)")
     ap.add_argument("--batch-tokens", type=int, default=6000, help="padded tokens per step")
-    ap.add_argument("--val-every", type=int, default=500)
+    ap.add_argument("--val-every", type=int,
+                    help=f"steps between validations (default {FROM_SCRATCH[2]}; {FINE_TUNE[2]} from --init)")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dropout", type=float, default=0.0, help="dropout on embeddings and residual branches")
-    ap.add_argument("--token-noise", type=float, default=0.0,
+    ap.add_argument("--dropout", type=float, default=0.1, help="dropout on embeddings and residual branches")
+    ap.add_argument("--token-noise", type=float, default=0.05,
                     help="share of input speech tokens replaced by random codes (targets kept)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
-    train(ap.parse_args())
-
-
-if __name__ == "__main__":
-    main()

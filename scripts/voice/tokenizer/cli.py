@@ -1,33 +1,32 @@
-#!/usr/bin/env python3
 """Speech tokenizer for the small English CosyVoice3-style voice: whisper-base encoder + FSQ, as one ONNX file.
 
-Steps (each resumable; progress on stderr; run heavy ones with ``nice -n 19`` and ``OMP_NUM_THREADS=1``)::
+Steps (each resumable; progress on stderr), run by ``python -m scripts.voice tokenizer|tokens --work DIR``, which
+passes ``--data <work>/data --work <work>/tokenizer``; ``python -m scripts.voice tokenizer --work DIR STEP ...`` runs
+one step with its own options::
 
-    tokenizer.py features    # feature ONNX (int8 encoder, taps 4,5,6) -> per-clip features + vocoder mels
-    tokenizer.py train --layer 6 --levels 3^6 --name L6_3^6   # FSQ projection + CTC/mel probe heads
-    tokenizer.py eval --name L6_3^6                           # held-out PER, codebook usage
-    tokenizer.py export --name L6_3^6                         # -> speech_tokenizer_v3.onnx
-    tokenizer.py tokenize                                     # every clip through that ONNX -> data/voice/tokens
+    features    # feature ONNX (int8 encoder, taps 4,5,6) -> per-clip features + vocoder mels
+    train --layer 6 --levels 3^6 --name L6_3^6   # FSQ projection + CTC/mel probe heads
+    eval --name L6_3^6                           # held-out PER, codebook usage
+    export --name L6_3^6                         # -> speech_tokenizer_v3.onnx
+    tokenize                                     # every clip through that ONNX -> data/voice/tokens
 
-The graph is described in tokgraph.py; see data/voice/tokenizer.json for the measured choices.
+The graph is described in graph.py; data/voice/tokenizer.json holds the measured choices and
+docs/benchmarks/voice/tokenizer-grid.md the grids that made them.
 """
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from . import data as D
+from . import export as X
+from . import graph as G
+from . import store as S
+from . import train as T
 
-import tokdata as D  # noqa: E402
-import tokexport as X  # noqa: E402
-import tokgraph as G  # noqa: E402
-import tokstore as S  # noqa: E402
-
-WORK = Path("/work/voice/tokenizer")
 log = D.log
 
 
@@ -80,16 +79,14 @@ def cmd_features(args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=D.DEFAULT_DATA, help="make_voice_data.py output")
-    ap.add_argument("--work", type=Path, default=WORK, help="features, checkpoints, ONNX (outside git)")
+    ap.add_argument("--data", type=Path, required=True, help="the corpus (<work>/data)")
+    ap.add_argument("--work", type=Path, required=True, help="features, checkpoints, ONNX (<work>/tokenizer)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("features", help="extract encoder features with the int8 feature ONNX")
     f.add_argument("--taps", default="4,5,6", help="encoder layers to keep (default %(default)s)")
     f.add_argument("--quant", default="weights", choices=X.QUANT_MODES)
     f.add_argument("--shard-size", type=int, default=200)
-    import tokcli  # the training / export / tokenize subcommands
-
-    tokcli.add_parsers(sub)
+    T.add_parsers(sub)  # the training / eval / export / tokenize subcommands
     return ap.parse_args(argv)
 
 
@@ -98,10 +95,5 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     if args.cmd == "features":
         return cmd_features(args)
-    import tokcli
+    return T.run(args)
 
-    return tokcli.run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

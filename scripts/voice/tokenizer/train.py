@@ -1,4 +1,4 @@
-"""Subcommands ``train`` and ``eval`` of tokenizer.py (``export`` / ``tokenize`` live in tokship.py)."""
+"""Subcommands ``train`` and ``eval`` of the tokenizer (``export`` / ``tokenize`` live in ship.py)."""
 from __future__ import annotations
 
 import argparse
@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import tokdata as D
-import tokgraph as G
-import tokprobe as P
-import tokstore as S
+from . import data as D
+from . import graph as G
+from . import probe as P
+from . import ship
+from . import store as S
 
 log = D.log
 
@@ -46,9 +47,7 @@ def add_parsers(sub) -> None:  # argparse._SubParsersAction
     e.add_argument("--measure", type=int, default=0, metavar="N",
                    help="also measure the 128->80 conversion and int8 error on N held-out clips")
     e.add_argument("--json", action="store_true", help="store the table in data/voice/tokenizer.json")
-    import tokship
-
-    tokship.add_parsers(sub)
+    ship.add_parsers(sub)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,9 +55,7 @@ def run(args: argparse.Namespace) -> int:
         return cmd_train(args)
     if args.cmd == "eval":
         return cmd_eval(args)
-    import tokship
-
-    return tokship.run(args)
+    return ship.run(args)
 
 
 # ----------------------------------------------------------------------------- data
@@ -225,10 +222,8 @@ def subset(fs: S.FeatureSet, k: int) -> S.FeatureSet:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import tokship
-
     if args.onnx is not None:
-        return tokship.check_onnx(args)
+        return ship.check_onnx(args)
     runs = sorted((args.work / "runs").glob("*/results.json"))
     rows = [json.loads(p.read_text()) | {"name": p.parent.name} for p in runs
             if not args.names or p.parent.name in args.names]
@@ -242,7 +237,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         extra["frontend"] = measure_frontend(args, args.measure)
         print(json.dumps(extra["frontend"], indent=1))
     if args.json:
-        tokship.update_config({"measurements": extra})
+        ship.update_config({"measurements": extra})
     return 0
 
 
@@ -262,7 +257,7 @@ def table_row(r: dict) -> dict:
 def measure_frontend(args: argparse.Namespace, n_clips: int) -> dict:
     """128->80 conversion error vs a direct 80-bin log-mel, and the int8 feature ONNX vs the fp32
     encoder (relative L2 per tap), on the first ``n_clips`` held-out clips."""
-    import tokexport as X
+    from . import export as X
 
     meta = json.loads((args.work / "features" / "meta.json").read_text())
     taps = tuple(meta["taps"])

@@ -12,17 +12,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import tokdata as D
-import tokexport as X
-import tokgraph as G
-import tokprobe as P
-import tokstore as S
+from ..paths import COMMITTED, ONNX_NAME
+from . import data as D
+from . import export as X
+from . import graph as G
+from . import probe as P
+from . import store as S
 
 log = D.log
-ONNX_NAME = "speech_tokenizer_v3.onnx"
-REPO = Path(__file__).resolve().parents[2]
-TOKENS_DIR = REPO / "data" / "voice" / "tokens"
-CONFIG_JSON = REPO / "data" / "voice" / "tokenizer.json"
+TOKENS_DIR = COMMITTED / "tokens"
+CONFIG_JSON = COMMITTED / "tokenizer.json"
 
 
 def add_parsers(sub) -> None:  # argparse._SubParsersAction
@@ -193,9 +192,9 @@ def write_readme(out: Path, kept: list[D.Clip], hours: dict, sha: str, onnx_path
     text = f"""# Speech tokens of the voice corpus
 
 `tokens.npz`: the speech tokens of every clip of the piper/joe fortunes corpus
-(scripts/make_voice_data.py; {splits['train']} train clips = {hours['train']:.2f} h, {splits['heldout']}
+(scripts/voice/corpus/piper.py; {splits['train']} train clips = {hours['train']:.2f} h, {splits['heldout']}
 held-out clips = {hours['heldout']:.2f} h{'' if complete else '; PARTIAL build'}), made by
-`scripts/voice/tokenizer.py tokenize` running `{onnx_path.name}` (sha256 `{sha}`) with onnxruntime on
+`python -m scripts.voice tokens` running `{onnx_path.name}` (sha256 `{sha}`) with onnxruntime on
 each clip's whole-clip Whisper 128-bin log-mel: the 22.05 kHz wav zero-padded to a multiple of 1024
 samples, soxr HQ to 16 kHz, `specli.tts.acoustic.features.whisper_log_mel`.  21.533 Hz, exactly 4 mel
 frames (hop 256 at 22.05 kHz) per token.  Tokenisation RTF {stats.get('rtf') or 0:.4f} on one core.

@@ -1,32 +1,25 @@
 """Corpus access for the speech tokenizer: clip list, audio at the token grid, targets (phonemes, mel).
 
-Clip list: ``train.tsv`` / ``heldout.tsv`` of scripts/make_voice_data.py once its build is complete (its
+Clip list: ``train.tsv`` / ``heldout.tsv`` of the corpus (corpus/piper.py) once its build is complete (its
 manifest counts match the TSVs and it was not a ``--limit`` trial); while the build still runs, the
 sentences already in its ``journal.tsv`` (one line per finished wav, in sha1 order), with texts from the
-same selection code (``collect_sentences`` / ``select`` of the data script, loaded by path).
+same selection code (``collect_sentences`` / ``select`` of corpus/piper.py).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tokgraph import MEL_FRAMES_PER_TOKEN, RATE_22K, TOKEN_HOP_22K
+from ..common import log
+from ..corpus import piper
+from .graph import MEL_FRAMES_PER_TOKEN, RATE_22K, TOKEN_HOP_22K
 
-DEFAULT_DATA = Path("/work/voice/data")
-DEFAULT_VOICE_SCRIPT = Path(__file__).resolve().parents[1] / "make_voice_data.py"
-FALLBACK_VOICE_SCRIPT = Path("/work/main/scripts/make_voice_data.py")
 STRESS = re.compile(r"[ˈˌ\s]|\([a-z-]+\)")
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -55,21 +48,8 @@ def build_complete(data: Path) -> bool:
             and counts.get("train") == lines["train"] and counts.get("heldout") == lines["heldout"])
 
 
-def _voice_module(script: Path):  # -> the make_voice_data module
-    if not script.is_file():
-        script = FALLBACK_VOICE_SCRIPT
-    spec = importlib.util.spec_from_file_location("make_voice_data", script)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"error: cannot load {script}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["make_voice_data"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _partial(data: Path, script: Path, heldout_size: int = 300) -> list[Clip]:
-    mod = _voice_module(script)
-    sel = mod.select(mod.collect_sentences(mod.FORTUNE_DIR), heldout_size)
+def _partial(data: Path, heldout_size: int = 300) -> list[Clip]:
+    sel = piper.select(piper.collect_sentences(piper.FORTUNE_DIR), heldout_size)
     journal: dict[str, int] = {}
     for ln in (data / "journal.tsv").read_text(encoding="utf-8").splitlines():
         parts = ln.split("\t")
@@ -82,11 +62,11 @@ def _partial(data: Path, script: Path, heldout_size: int = 300) -> list[Clip]:
     return out
 
 
-def load_corpus(data: Path = DEFAULT_DATA, script: Path = DEFAULT_VOICE_SCRIPT) -> tuple[list[Clip], bool]:
+def load_corpus(data: Path) -> tuple[list[Clip], bool]:
     """(clips: held-out first, then train, each in sha1 order; whether the build is complete)."""
     if build_complete(data):
         return _read_tsv(data / "heldout.tsv", "heldout") + _read_tsv(data / "train.tsv", "train"), True
-    return _partial(data, script), False
+    return _partial(data), False
 
 
 # ------------------------------------------------------------------ audio on the token grid

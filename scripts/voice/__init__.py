@@ -1,0 +1,1 @@
+"""specli-en's build: ``python -m scripts.voice STAGE --work DIR`` (build.py), modules grouped by stage."""

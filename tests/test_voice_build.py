@@ -1,0 +1,208 @@
+"""scripts/voice as one tool: ``python -m scripts.voice STAGE --work DIR`` lists its stages, resolves every path from
+one work directory (the layout earlier runs left on disk), parses each stage's options into what the stage's code
+reads, and its cheap stages run end to end and skip what is done (no audio, no training)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the repository: scripts.voice
+
+from scripts.voice import build  # noqa: E402
+from scripts.voice.paths import COMMITTED, ENV, Layout, work_dir  # noqa: E402
+
+STAGES = ["corpus", "tokenizer", "tokens", "text-tokenizer", "lm", "flow", "assemble", "drafters", "roundtrip"]
+QUIET = ["--nice", "0"]  # a test never lowers its own process's priority
+
+
+def _run(argv: list[str]) -> int:
+    return build.main([*argv, *QUIET])
+
+
+def test_the_entry_point_lists_its_stages_in_build_order(capsys, monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    assert build.main([]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [*STAGES, "all"]
+    (tmp_path / "train" / "flow").mkdir(parents=True)
+    (tmp_path / "train" / "flow" / "best.pt").write_bytes(b"")
+    assert build.main(["list", "--work", str(tmp_path)]) == 0
+    state = {line.split()[1]: line.split()[0] for line in capsys.readouterr().out.splitlines() if len(line) > 9}
+    assert state["corpus"] == "pending" and state["flow"] == "done" and state["lm"] == "pending"
+    assert state["text-tokenizer"] == "done"  # data/voice/blank is committed
+    assert state["assemble"] == "reruns"
+
+
+def test_the_work_directory_comes_from_the_argument_else_the_environment(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(ENV, str(tmp_path / "env"))
+    assert work_dir(None) == tmp_path / "env"
+    assert work_dir(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.delenv(ENV)
+    with pytest.raises(SystemExit, match=f"--work DIR or set {ENV}"):
+        work_dir(None)
+    with pytest.raises(SystemExit, match="no work directory"):
+        _run(["text-tokenizer"])
+
+
+def test_the_layout_is_the_one_earlier_runs_left_on_disk(tmp_path: Path) -> None:
+    lay = Layout(tmp_path)
+    assert lay.data == tmp_path / "data" and lay.tokenizer == tmp_path / "tokenizer"
+    assert lay.onnx == tmp_path / "tokenizer" / "speech_tokenizer_v3.onnx"
+    assert lay.run("lm") == tmp_path / "train" / "lm" and lay.run("mix") == tmp_path / "train" / "mix"
+    assert lay.drafters == tmp_path / "drafters"
+    assert lay.tokens == ROOT / "data" / "voice" / "tokens" / "tokens.npz"
+    assert lay.blank == ROOT / "data" / "voice" / "blank"
+    assert lay.codebook() == 729  # FSQ 3^6, from data/voice/tokenizer.json
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_parses_its_options(stage: str, tmp_path: Path) -> None:
+    args = build.parser(stage).parse_args([stage, "--work", str(tmp_path)])
+    assert args.stage == stage and build.layout(args).work == tmp_path and args.threads == 1
+    assert args.voice == ROOT / "specli" / "voices" / "specli-en"
+
+
+def test_the_corpus_stage_keeps_the_piper_voice_apart_from_the_voice_in_training(tmp_path: Path) -> None:
+    args = build.parser("corpus").parse_args(["corpus", "--piper-voice", str(tmp_path / "joe.onnx"), "--limit", "2"])
+    assert args.piper_voice == tmp_path / "joe.onnx" and args.voice == ROOT / "specli" / "voices" / "specli-en"
+    assert (args.hours, args.heldout, args.limit, args.text_only) == (10.0, 300, 2, False)
+
+
+def test_the_flow_and_lm_stages_get_the_recipe_and_their_paths(tmp_path: Path) -> None:
+    voice = tmp_path / "voice"
+    voice.mkdir()
+    (voice / "flow.pt").write_bytes(b"")
+    lay = Layout(tmp_path / "w", voice=voice)
+    from scripts.voice import flow, lm
+
+    args = build.parser("flow").parse_args(["flow", "--run", "mix"])
+    build.training_args(lay, args, "flow.pt", flow.FROM_SCRATCH, flow.FINE_TUNE)
+    assert args.run == tmp_path / "w" / "train" / "mix" and args.corpus == tmp_path / "w" / "data"
+    assert (args.init, args.lr, args.warmup, args.codebook) == (voice / "flow.pt", 1e-4, 100, 729)
+    assert (args.objective, args.dim, args.depth, args.heads, args.steps) == ("mix", 256, 6, 4, 8000)
+    assert (args.streaming, args.prompt_prob, args.cfg_dropout) == (0.0, 0.0, 0.0)
+    args = build.parser("lm").parse_args(["lm", "--lr", "2e-4"])  # no llm.pt in the voice: from scratch
+    build.training_args(lay, args, "llm.pt", lm.FROM_SCRATCH, lm.FINE_TUNE)
+    assert (args.init, args.lr, args.warmup, args.val_every) == (None, 2e-4, 500, 500)
+    assert (args.dropout, args.token_noise, args.steps) == (0.1, 0.05, 4000)
+    assert args.tokens == COMMITTED / "tokens" / "tokens.npz"
+    args = build.parser("flow").parse_args(["flow", "--init", "none"])
+    build.training_args(lay, args, "flow.pt", flow.FROM_SCRATCH, flow.FINE_TUNE)
+    assert (args.init, args.lr, args.warmup) == (None, 3e-4, 1000)
+
+
+def test_the_tokenizer_stages_hand_the_layout_to_the_tokenizer_cli(tmp_path: Path) -> None:
+    from scripts.voice.tokenizer import cli
+
+    lay = Layout(tmp_path)
+    args = build.parser("tokenizer").parse_args(["tokenizer", "train", "--name", "g", "--layer", "6"])
+    parsed = cli.parse_args(build.tokenizer_argv(lay, args.step))
+    assert (parsed.cmd, parsed.name, parsed.layer) == ("train", "g", 6)
+    assert (parsed.data, parsed.work) == (tmp_path / "data", tmp_path / "tokenizer")
+    parsed = cli.parse_args(build.tokenizer_argv(lay, build.tokens_step(lay, True)))
+    assert (parsed.cmd, parsed.out, parsed.allow_partial) == ("tokenize", COMMITTED / "tokens", True)
+
+
+def test_assemble_takes_the_whole_voice_only_when_an_lm_was_trained(tmp_path: Path) -> None:
+    lay = Layout(tmp_path, voice=tmp_path / "voice")
+    args = build.parser("assemble").parse_args(["assemble", "--flow-steps", "1", "--cfg-rate", "0"])
+    plan = build.assemble_plan(lay, args)
+    assert (plan.source, plan.lm, plan.flow, plan.out) == (tmp_path / "voice", None, None, tmp_path / "voice")
+    for run in ("lm", "flow"):
+        lay.run(run).mkdir(parents=True)
+        (lay.run(run) / "best.pt").write_bytes(b"")
+    plan = build.assemble_plan(lay, args)
+    assert (plan.source, plan.lm, plan.flow) == (None, lay.run("lm") / "best.pt", lay.run("flow") / "best.pt")
+    assert (plan.blank, plan.onnx, plan.flow_steps, plan.cfg_rate) == (lay.blank, lay.onnx, 1, 0.0)
+
+
+def test_all_leaves_out_the_stages_done(tmp_path: Path) -> None:
+    lay = Layout(tmp_path)
+    assert build.pending(lay) == ["corpus", "tokenizer", "lm", "flow", "assemble"]  # tokens, blank: committed
+    lay.tokenizer.mkdir()
+    lay.onnx.write_bytes(b"another tokenizer")  # the committed tokens were not made by it
+    assert build.pending(lay) == ["corpus", "tokens", "lm", "flow", "assemble"]
+
+
+def _fortunes(root: Path, sentences: list[str]) -> tuple[Path, Path]:
+    """A fortune file (strfile format) and a word list that knows every word."""
+    (root / "fortunes").mkdir(exist_ok=True)
+    (root / "fortunes" / "tiny").write_text("\n%\n".join(sentences) + "\n")
+    words = {w.strip(".,?!'\"").lower() for s in sentences for w in s.split()}
+    (root / "words").write_text("\n".join(sorted(words)) + "\n")
+    return root / "fortunes", root / "words"
+
+
+SENTENCES = ["The cat sat on the warm mat.", "A small dog ran home quickly.", "We like green tea in the morning.",
+             "Rain fell on the quiet town.", "She read a long book about the sea.", "Birds sing when the sun rises."]
+
+
+def test_text_only_corpus_writes_sentences_and_their_text_tokens_and_resumes(tmp_path: Path, capsys) -> None:
+    from specli.models.cosyvoice.text import CosyVoiceTokenizer
+
+    fortunes, words = _fortunes(tmp_path, SENTENCES)
+    argv = ["corpus", "--work", str(tmp_path / "w"), "--text-only", "--fortunes", str(fortunes),
+            "--wordlist", str(words)]
+    assert _run(argv) == 0
+    out = tmp_path / "w" / "text"
+    rows = {s: [json.loads(x) for x in (out / f"{s}.jsonl").read_text().splitlines()] for s in ("train", "heldout")}
+    sha = {t: hashlib.sha1(t.encode()).hexdigest() for t in SENTENCES}
+    assert sorted(r["text"] for s in rows for r in rows[s]) == sorted(SENTENCES)
+    assert [r["id"] for r in rows["train"]] == sorted(sha[r["text"]][:12] for r in rows["train"])  # sha1 order
+    held = ("fb", "fc", "fd", "fe", "ff")  # the fixed held-out sha1 range
+    assert all(sha[r["text"]].startswith(held) == (s == "heldout") for s in rows for r in rows[s])
+    tok = CosyVoiceTokenizer(COMMITTED / "blank", "cosyvoice3")
+    assert all(r["tokens"] == tok.encode(r["text"]) for s in rows for r in rows[s])  # the LM's text ids
+    assert not (tmp_path / "w" / "data").exists()  # no audio
+    stamp = (out / "train.jsonl").stat().st_mtime_ns
+    assert _run(argv) == 0  # rerun: up to date, nothing rewritten
+    assert "up to date" in capsys.readouterr().err and (out / "train.jsonl").stat().st_mtime_ns == stamp
+    _fortunes(tmp_path, [*SENTENCES, "The old clock struck nine at night."])
+    assert _run(argv) == 0  # other sentences: rebuilt
+    assert sum(len((out / f"{s}.jsonl").read_text().splitlines()) for s in ("train", "heldout")) == 7
+
+
+def test_text_tokenizer_stage_trains_once_then_skips(tmp_path: Path, capsys) -> None:
+    lay = Layout(tmp_path / "w", committed=tmp_path / "committed")
+    lay.data.mkdir(parents=True)
+    lay.data.joinpath("train.tsv").write_text("".join(f"{i:012x}\t{s}\t1.0\n" for i, s in enumerate(SENTENCES * 5)))
+    args = build.parser("text-tokenizer").parse_args(["text-tokenizer", "--vocab", "300"])
+    build.BY_NAME["text-tokenizer"].run(lay, args)
+    vocab = json.loads((lay.blank / "vocab.json").read_text())
+    assert 256 < len(vocab) <= 300 and (lay.blank / "merges.txt").is_file()  # bytes + merges
+    assert build.BY_NAME["text-tokenizer"].done(lay)
+    stamp = (lay.blank / "vocab.json").stat().st_mtime_ns
+    build.BY_NAME["text-tokenizer"].run(lay, args)
+    assert "--force retrains it" in capsys.readouterr().err and (lay.blank / "vocab.json").stat().st_mtime_ns == stamp
+
+
+def test_a_run_resumes_from_the_checkpoints_earlier_runs_wrote(tmp_path: Path) -> None:
+    import torch
+
+    from scripts.voice.common import checkpoint, restore, save
+
+    def fresh(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(3, 2)
+        return model, torch.optim.AdamW(model.parameters())
+
+    model, opt = fresh(0)
+    old = {"model": model.state_dict(), "optim": opt.state_dict(), "step": 250, "best": 0.5}
+    save(tmp_path / "checkpoints" / "ckpt-00000250.pt", old)  # as the trainers wrote them before the move
+    again, opt2 = fresh(1)
+    assert restore(tmp_path, again, opt2, init=tmp_path / "ignored.pt") == (250, 0.5)
+    assert torch.equal(again.weight, model.weight)
+    for step in (500, 750):
+        checkpoint(tmp_path, again, opt2, step, 0.4)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-00000500.pt", "ckpt-00000750.pt"]
+    assert restore(tmp_path, *fresh(2), init=None) == (750, 0.4)
+    init = tmp_path / "voice.pt"
+    torch.save({k: v.half() for k, v in model.state_dict().items()}, init)  # a shipped voice's float16 weights
+    scratch, opt3 = fresh(3)
+    assert restore(tmp_path / "new", scratch, opt3, init) == (0, float("inf"))
+    assert torch.equal(scratch.weight, model.weight.half().float())

@@ -30,7 +30,7 @@ from specli.models.cosyvoice.lm import load_cosyvoice  # noqa: E402
 from specli.presets.synthesis import load_synthesis_preset  # noqa: E402
 from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt  # noqa: E402
 from specli.tts.audio_out import AudioOptions, run_audio_synthesis  # noqa: E402
-from specli.tts.pipeline import read_items  # noqa: E402
+from specli.tts.pipeline import Resume, RunOptions, read_items, synthesis_settings  # noqa: E402
 from specli.tts.synthesis import build_synthesizer  # noqa: E402
 
 
@@ -81,8 +81,9 @@ def main() -> None:
     def e2e(batch: int) -> float:
         out = work / f"wav-{batch}"
         t0 = time.perf_counter()
-        run_audio_synthesis(build_synthesizer(preset, model, seed=0), vocalizer, items, out,
-                            AudioOptions("wav", None, 0), overwrite=True, batch_size=batch)
+        synth = build_synthesizer(preset, model, seed=0)
+        run = RunOptions(out, Resume(synthesis_settings(synth), "overwrite"), batch)
+        run_audio_synthesis(synth, vocalizer, items, run, AudioOptions("wav", None, 0))
         return time.perf_counter() - t0
 
     walls: dict[int, list[float]] = {1: [], args.batch: []}

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specli.io.audio import AUDIO_EXTENSIONS, iter_audio_chunks
-from specli.asr.fallback import AR
+from specli.asr.fallback import AR, DecodeMethod
 from specli.asr.language import check_model_name, normalize_language
 from specli.asr.speech import speech_hooks
 from specli.asr.scheduler import batch_unsupported, transcribe_batched
@@ -26,6 +26,7 @@ from specli.io.resume import ResumeMode, SourceFile, decide, sidecar_path, write
 from specli.asr.vad import VadOptions, speech_steps
 from specli.asr.writers import WRITERS, SubtitleOptions, result_record, to_json
 from specli.io.atomic import remove_stale_parts, write_atomic
+from specli.io.batch import Outcome, in_input_order
 from specli.io.outputs import mirrored_bases
 
 
@@ -35,18 +36,6 @@ class InputFile:
 
     path: Path
     output_base: Path
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What happened to one input: a result, an error, or skipped because its outputs exist."""
-
-    path: Path
-    result: FileResult | None = None
-    error: str | None = None  # one-line reason, when it failed
-    skipped: bool = False
-    outputs: tuple[Path, ...] = ()
-    record: dict | None = None  # the file's JSON record (read back from disk when skipped; None if absent)
 
 
 def discover(inputs: Iterable[str]) -> tuple[list[tuple[Path, Path]], list[Outcome]]:
@@ -193,66 +182,51 @@ def option_settings(opts: TranscribeOptions) -> dict:
     return fields
 
 
-def run_batch(
-    model: WhisperModel,
-    items: Sequence[InputFile],
-    opts: TranscribeOptions,
-    formats: Sequence[str],
-    overwrite: bool = False,
-    decode=None,
-    on_window: Callable[[Path, float], None] | None = None,
-    settings: Mapping[str, object] | None = None,
-    mode: ResumeMode | None = None,
-    on_redo: Callable[[Path, str], None] | None = None,
-    vad: VadOptions | None = None,
-    subtitles: SubtitleOptions | None = None,
-    batch_size: int = 1,
-) -> Iterator[Outcome]:
+@dataclass(frozen=True)
+class BatchOptions:
+    """How :func:`run_batch` runs a batch, beside what changes the text (:class:`TranscribeOptions`)."""
+
+    decode: DecodeMethod | None = None  # the engine's decoding (``Engine.decode``); None: plain autoregressive
+    settings: Mapping[str, object] | None = None  # what resume fingerprints (text_settings); None: opts' fields + vad
+    mode: ResumeMode = "changed"  # what a rerun does with an input whose outputs exist (specli.io.resume)
+    vad: VadOptions | None = None  # transcribe only the speech Silero VAD finds (specli.asr.vad); None: all
+    subtitles: SubtitleOptions | None = None  # srt / vtt layout; None: the writers' defaults
+    batch_size: int = 1  # files transcribed together (continuous batching, specli.asr.scheduler)
+    on_window: Callable[[Path, float], None] | None = None  # told (file, seconds done) as its windows finish
+    on_redo: Callable[[Path, str], None] | None = None  # told (file, why) of each input whose outputs are redone
+
+
+def run_batch(model: WhisperModel, items: Sequence[InputFile], opts: TranscribeOptions, formats: Sequence[str],
+              batch: BatchOptions = BatchOptions()) -> Iterator[Outcome]:
     """Transcribe each item and write its outputs atomically, with a sidecar of the settings used.
 
-    Up to ``batch_size`` files are transcribed together (:func:`transcribe_files`); each file's outputs
+    Up to ``batch.batch_size`` files are transcribed together (:func:`transcribe_files`); each file's outputs
     are written as soon as it finishes, and outcomes are yielded in input order.
 
-    An item whose outputs all exist is skipped when they were made with the same ``settings`` (default:
-    the fields of ``opts``); otherwise it is redone and ``on_redo(path, reason)`` says why. ``mode``
-    "overwrite" (or ``overwrite=True``) always redoes, "skip-existing" keeps whatever exists.
+    An item whose outputs all exist is skipped when they were made with the same ``batch.settings`` (default:
+    the fields of ``opts``); otherwise it is redone and ``batch.on_redo(path, reason)`` says why. ``batch.mode``
+    "overwrite" always redoes, "skip-existing" keeps whatever exists.
     """
-    settings = (dict(settings) if settings is not None
+    vad = batch.vad
+    settings = (dict(batch.settings) if batch.settings is not None
                 else {**option_settings(opts), **({"vad": asdict(vad)} if vad else {})})
-    mode = mode or ("overwrite" if overwrite else "changed")
     remove_stale_parts(p for item in items for p in [*output_paths(item, formats), sidecar_path(item.output_base)])
     skipped: dict[int, Outcome | None] = {}
     sources: dict[int, dict | None] = {}  # the identity of each input to do, taken before its work
 
     def todo() -> Iterator[tuple[int, Path | None]]:  # decided as each item's turn comes
         for i, item in enumerate(items):
-            skipped[i] = _skip(item, formats, settings, mode, on_redo)
+            skipped[i] = _skip(item, formats, settings, batch.mode, batch.on_redo)
             if not skipped[i]:
                 sources[i] = _identity(item.path)
             yield i, None if skipped[i] else item.path
 
     # more files in flight than there are files only costs: one file decodes best on the batch-1 path
-    results = transcribe_files(model, todo(), opts, decode, min(batch_size, max(len(items), 1)), on_window, vad)
-    yield from _in_input_order((i, skipped.pop(i) or _write(items[i], result, formats, settings, subtitles,
-                                                            sources.pop(i, None)))
-                               for i, result in results)
-
-
-def _in_input_order(outcomes: Iterable[tuple[int, Outcome]]) -> Iterator[Outcome]:
-    """Outcomes keyed by input index, yielded in input order (one that finishes early waits for those
-    before it)."""
-    done: dict[int, Outcome] = {}
-    following = 0  # the next input index to yield
-    try:
-        for i, outcome in outcomes:
-            done[i] = outcome
-            while following in done:
-                yield done.pop(following)
-                following += 1
-    except KeyboardInterrupt:  # what finished is written: report it (input order, gaps allowed), then stop
-        for i in sorted(done):
-            yield done.pop(i)
-        raise
+    results = transcribe_files(model, todo(), opts, batch.decode, min(batch.batch_size, max(len(items), 1)),
+                               batch.on_window, vad)
+    yield from in_input_order((i, skipped.pop(i) or _write(items[i], result, formats, settings, batch.subtitles,
+                                                           sources.pop(i, None)))
+                              for i, result in results)
 
 
 def _skip(item: InputFile, formats: Sequence[str], settings: Mapping[str, object], mode: ResumeMode,
@@ -323,5 +297,5 @@ def transcribe(
     paths = [path for path, _root in found]
     results = transcribe_files(engine.model, enumerate(paths), options, engine.decode,
                                min(batch_size, max(len(paths), 1)), vad=vad, errors=(SpecliError,))
-    yield from _in_input_order((i, Outcome(paths[i], error=str(r)) if isinstance(r, Exception)
-                                else Outcome(paths[i], result=r)) for i, r in results)
+    yield from in_input_order((i, Outcome(paths[i], error=str(r)) if isinstance(r, Exception)
+                               else Outcome(paths[i], result=r)) for i, r in results)

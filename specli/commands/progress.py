@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from specli.asr.pipeline import Outcome
+from specli.io.batch import Outcome
 
 
 @dataclass

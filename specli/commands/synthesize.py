@@ -12,17 +12,20 @@ import click
 
 from specli.core.threads import torch_threads
 from specli.commands.interrupt import report_interrupt
-from specli.commands.synthesize_audio import OutcomeTally, echo_skipped, run_audio
+from specli.commands.batch_run import finish_run, resume_mode
+from specli.commands.synthesize_audio import OutcomeTally, VoiceFlags, echo_skipped, run_audio
 from specli.tts.synthesis import Synthesizer, load_synthesizer
 from specli.errors import PresetError
 from specli.models.cosyvoice.lm import KNOWN_MODELS
 from specli.models.cosyvoice.voices import SHIPPED_VOICES, VOICE_PRESETS
 from specli.presets.synthesis import load_synthesis_preset
 from specli.io.outputs import check_output_dir
-from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
+from specli.io.batch import Outcome, manifest_row
+from specli.io.resume import ResumeMode
+from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size
 from specli.tts.acoustic.pipeline import AUDIO_DTYPES
-from specli.tts.audio_out import AudioOptions, AudioOutcome, audio_path
-from specli.tts.pipeline import Resume, SpeechOutcome, read_items, run_synthesis, synthesis_settings, tokens_path
+from specli.tts.audio_out import AudioOptions, SpokenLine
+from specli.tts.pipeline import Resume, RunOptions, read_items, run_synthesis, synthesis_settings
 
 
 DEFAULT_VOICE = "specli-en"  # what synthesize speaks with when neither --model nor --preset names a model
@@ -94,8 +97,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
     (the shipped voice specli-en unless --model says otherwise), <id>.flac, or the speech tokens <id>.npy with
     --format npy. No text normalisation is applied (the text is spoken as written).
     A rerun skips the outputs made with the same settings and redoes the others (hidden .<output>.specli files)."""
-    if overwrite and skip_existing:
-        raise click.UsageError("--overwrite and --skip-existing exclude each other")
+    mode = resume_mode(overwrite, skip_existing)
     if not inputs and not texts:
         raise click.UsageError("give text files, '-', a *.jsonl manifest or --text")
     if fmt == "npy" and (prompt_wav or prompt_text or speaker or sample_rate is not None or flow_steps is not None
@@ -112,7 +114,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
                                  device)
     except ValueError as exc:  # sampler settings that do not fit the sampler
         raise PresetError(str(exc)) from exc
-    resume = _resume(synth, p.name, overwrite, skip_existing)
+    resume = _resume(synth, p.name, mode)
     items = read_items(inputs, texts, sys.stdin.buffer if "-" in inputs else None)
     run = ShardedRun.start([it.where for it in items], run_manifest, output_dir)  # torchrun: this rank's share
     items = run.take(items)
@@ -120,58 +122,49 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
     tally = OutcomeTally()
     own_jsonl = bool(jsonl) and not run.shard.distributed  # a distributed run's records are printed by rank 0
 
-    def report(out: SpeechOutcome) -> None:
+    def report(out: Outcome) -> None:
         if not tally.produced(out):
             echo_skipped(out, own_jsonl)
             return
         if show:
-            click.echo(f"[{tally.done}/{len(items)}] {out.id}: {len(out.result.tokens)} tokens", err=True)
+            click.echo(f"[{tally.done}/{len(items)}] {out.id}: {_made(out)}", err=True)
         if own_jsonl:
             click.echo(json.dumps(out.record, ensure_ascii=False))
 
+    batch = RunOptions(output_dir, resume, batch_size, report)
     with report_interrupt(lambda: f"{tally.line()} (written outputs are kept; a rerun resumes)"):
         if fmt != "npy":
             options = AudioOptions(fmt, sample_rate, seed, flow_steps, audio_dtype)
-            outcomes = run_audio(synth, items, output_dir, options, prompt_wav, prompt_text, speaker, resume,
-                                 own_jsonl, show, tally, batch_size)
+            outcomes = run_audio(synth, items, batch, options, VoiceFlags(prompt_wav, prompt_text, speaker))
         else:
-            outcomes = run_synthesis(synth, items, output_dir, on_outcome=report, batch_size=batch_size, resume=resume)
+            outcomes = run_synthesis(synth, items, batch)
     for out in outcomes:
-        run.add(_row(out, fmt, output_dir, bool(jsonl) and run.shard.distributed))
-    _finish(run, tally)
+        run.add(_row(out, bool(jsonl) and run.shard.distributed))
+    finish_run(run, tally.line(), bool(tally.counts["failed"]), lambda record: json.dumps(record, ensure_ascii=False))
 
 
-def _resume(synth: Synthesizer, preset: str, overwrite: bool, skip_existing: bool) -> Resume:
-    """What a rerun does with existing outputs: redo those made with other settings (saying why on stderr),
-    or every one (--overwrite), or none (--skip-existing)."""
-    mode = "overwrite" if overwrite else "skip-existing" if skip_existing else "changed"
+def _resume(synth: Synthesizer, preset: str, mode: ResumeMode) -> Resume:
+    """What a rerun does with existing outputs (``mode``): redo those made with other settings (saying why on
+    stderr), or every one (--overwrite), or none (--skip-existing)."""
     return Resume(synthesis_settings(synth, preset), mode,
                   on_redo=lambda rid, why: click.echo(f"redoing {rid}: {why}", err=True),
                   on_rename=lambda rid, new, other: click.echo(
                       f"naming {rid} {new}: the output named {rid} was made from {other}", err=True))
 
 
-def _row(out: SpeechOutcome | AudioOutcome, fmt: str, output_dir: Path, with_record: bool) -> dict:
-    """The run-manifest row of one input line (``specli.io.sharding``); its JSON record too when ``with_record``."""
-    status = "failed" if out.error else "skipped" if out.skipped else "ok"
-    path = tokens_path(output_dir, out.id) if fmt == "npy" else audio_path(output_dir, out.id, fmt)
-    row = {"input": out.where, "id": out.id, "status": status, "outputs": [] if out.error else [str(path)],
-           "error": out.error or None, "tokens": len(out.result.tokens) if out.result else 0}
-    if isinstance(out, AudioOutcome) and out.audio is not None:
-        row["audio_seconds"] = out.audio.duration
-    if with_record and out.record is not None:  # a skipped one's read back from its sidecar
-        row["record"] = out.record
-    return row
+def _made(out: Outcome) -> str:
+    """What the progress line says of a line made now: its tokens, or its audio and real-time factors."""
+    if not isinstance(out.result, SpokenLine):
+        return f"{len(out.result.tokens)} tokens"
+    rec = out.record
+    return (f"{rec['duration_s']:.2f} s audio, rtf llm {rec['rtf']['llm']:.2f} flow {rec['rtf']['flow']:.2f} "
+            f"vocoder {rec['rtf']['vocoder']:.2f}")
 
 
-def _finish(run: ShardedRun, tally: OutcomeTally) -> None:
-    """Gather a distributed run (rank 0: manifest, records, totals), then the summary line; every rank exits 1
-    when any rank had a failure."""
-    report = run.finish()
-    for record in report.records if run.shard.rank == 0 else ():
-        click.echo(json.dumps(record, ensure_ascii=False))
-    for line in report_lines(report, run.shard):
-        click.echo(line, err=True)
-    tally.finish(f"rank {run.shard.rank}: " * run.shard.distributed)
-    if report.exit_code:
-        raise SystemExit(1)
+def _row(out: Outcome, with_record: bool) -> dict:
+    """The run-manifest row of one input line (``specli.io.batch``); its JSON record too when ``with_record`` (a
+    skipped one's read back from its sidecar)."""
+    measures: dict = {"tokens": len(out.result.tokens) if out.result else 0}
+    if isinstance(out.result, SpokenLine):
+        measures["audio_seconds"] = out.result.audio.duration
+    return manifest_row(out, measures, with_record, named=True)

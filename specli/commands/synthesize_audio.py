@@ -1,33 +1,35 @@
-"""The audio half of ``specli synthesize`` (``--format wav|flac``): CLI glue over :mod:`specli.tts.audio_out`."""
+"""The audio half of ``specli synthesize`` (``--format wav|flac``): CLI glue over :mod:`specli.tts.audio_out`, and
+the outcome tally both halves report into."""
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
 import click
 
 from specli.tts.acoustic.pipeline import Vocalizer, audio_dtype
 from specli.tts.synthesis import Synthesizer
-from specli.tts.audio_out import AudioOptions, AudioOutcome, prepare_voice, run_audio_synthesis
-from specli.tts.pipeline import Resume, SpeechItem, SpeechOutcome
+from specli.io.batch import Outcome
+from specli.tts.audio_out import AudioOptions, prepare_voice, run_audio_synthesis
+from specli.tts.pipeline import RunOptions, SpeechItem
 
 
 class OutcomeTally:
-    """Counts a run's outcomes, echoes each failure, and ends with the summary line (exit 1 on failures)."""
+    """Counts a run's outcomes, echoes each failure, and gives the summary line."""
 
     def __init__(self) -> None:
         self.counts = {"ok": 0, "failed": 0, "skipped": 0}
         self.done = 0  # outcomes seen so far
         self.t0 = time.perf_counter()
 
-    def produced(self, out: SpeechOutcome | AudioOutcome) -> bool:
+    def produced(self, out: Outcome) -> bool:
         """Count ``out`` (echoing it when it failed); True when it was produced (the caller reports it)."""
         self.done += 1
         if out.error:
             self.counts["failed"] += 1
-            click.echo(f"failed: {out.where}: {out.error}", err=True)
+            click.echo(f"failed: {out.input}: {out.error}", err=True)
             return False
         if out.skipped:
             self.counts["skipped"] += 1
@@ -41,14 +43,8 @@ class OutcomeTally:
         return (f"utterances: {c['ok']} ok, {c['failed']} failed, {c['skipped']} skipped; "
                 f"wall {time.perf_counter() - self.t0:.1f} s")
 
-    def finish(self, prefix: str = "") -> None:
-        """Echo the summary line (after ``prefix``); exit 1 when any utterance failed."""
-        click.echo(prefix + self.line(), err=True)
-        if self.counts["failed"]:
-            raise SystemExit(1)
 
-
-def echo_skipped(out: SpeechOutcome | AudioOutcome, jsonl: bool) -> None:
+def echo_skipped(out: Outcome, jsonl: bool) -> None:
     """With ``--jsonl -``, a kept utterance's JSON record (read back from its sidecar) on stdout, or why not."""
     if not (jsonl and out.skipped):
         return
@@ -58,28 +54,23 @@ def echo_skipped(out: SpeechOutcome | AudioOutcome, jsonl: bool) -> None:
         click.echo(f"skipped {out.id}: no JSON record of it on disk to print", err=True)
 
 
-def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, options: AudioOptions,
-              prompt_wav: str | None, prompt_text: str | None, speaker: str | None, resume: Resume,
-              jsonl: bool, show: bool, tally: OutcomeTally, batch_size: int = 1) -> list[AudioOutcome]:
-    """Load flow + HiFT, prepare the voice (before any output), then render every item into ``tally`` (the
-    caller ends it with ``tally.finish()``: exit 1 on failures)."""
+@dataclass(frozen=True)
+class VoiceFlags:
+    """The run's voice as the flags give it (``prepare_voice``): a prompt recording and its transcript, a stored
+    speaker, or none."""
+
+    prompt_wav: str | None = None  # --prompt-wav: a voice prompt recording
+    prompt_text: str | None = None  # --prompt-text: its transcript
+    speaker: str | None = None  # --speaker: a stored speaker of the model's spk2info.pt
+
+
+def run_audio(synth: Synthesizer, items: list[SpeechItem], run: RunOptions, options: AudioOptions,
+              voice: VoiceFlags) -> list[Outcome]:
+    """Load flow + HiFT, prepare the voice (before any output), then render every item (``run.on_outcome`` told
+    each outcome in input order)."""
     model = synth.model
     device = model.lm.qwen.device
     vocalizer = Vocalizer.from_dir(model.path, model.spec.kind, device, options.flow_steps,
                                    audio_dtype(options.dtype, device))
-    voice = prepare_voice(vocalizer, prompt_wav, prompt_text, speaker)
-
-    def report(out: AudioOutcome) -> None:
-        if not tally.produced(out):
-            echo_skipped(out, jsonl)
-            return
-        rec = out.record
-        if show:
-            click.echo(f"[{tally.done}/{len(items)}] {out.id}: {rec['duration_s']:.2f} s audio, rtf llm "
-                       f"{rec['rtf']['llm']:.2f} flow {rec['rtf']['flow']:.2f} vocoder {rec['rtf']['vocoder']:.2f}",
-                       err=True)
-        if jsonl:
-            click.echo(json.dumps(rec, ensure_ascii=False))
-
-    return run_audio_synthesis(synth, vocalizer, items, output_dir, options, voice, on_outcome=report, resume=resume,
-                               batch_size=batch_size)
+    prepared = prepare_voice(vocalizer, voice.prompt_wav, voice.prompt_text, voice.speaker)
+    return run_audio_synthesis(synth, vocalizer, items, run, options, prepared)

@@ -15,7 +15,9 @@ from pathlib import Path
 import click
 
 from specli.io.audio import audio_duration
-from specli.asr.pipeline import DEFAULT_BATCH_SIZE, batch_size_for, discover, plan_outputs, run_batch, text_settings
+from specli.asr.pipeline import (DEFAULT_BATCH_SIZE, BatchOptions, batch_size_for, discover, plan_outputs, run_batch,
+                                 text_settings)
+from specli.commands.batch_run import finish_run, resume_mode
 from specli.commands.decoding_flags import DECODING_FLAGS, decoding_options
 from specli.core.threads import torch_threads
 from specli.commands.interrupt import report_interrupt
@@ -26,7 +28,8 @@ from specli.asr.windows import TranscribeOptions
 from specli.errors import AudioError
 from specli.presets import DEFAULT_PRESET, Preset, load_preset, preset_for_model
 from specli.commands.progress import BatchProgress, RunSummary
-from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size, report_lines
+from specli.io.batch import Outcome, manifest_row
+from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size
 from specli.asr.vad import VadOptions, load_vad
 from specli.asr.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from specli.asr.writers import FORMATS, SubtitleOptions, json_line
@@ -175,8 +178,7 @@ def _check_outputs(output_dir: Path, run_manifest: Path | None) -> None:
 
 
 def _run(task: str, kw: dict) -> None:
-    if kw["overwrite"] and kw["skip_existing"]:
-        raise click.UsageError("--overwrite and --skip-existing exclude each other")
+    mode = resume_mode(kw["overwrite"], kw["skip_existing"])
     click.get_current_context().with_resource(torch_threads(kw["threads"]))  # restored when the command returns
     p = load_preset(kw["preset"])
     if click.get_current_context().get_parameter_source("preset") is click.core.ParameterSource.DEFAULT:
@@ -186,7 +188,6 @@ def _run(task: str, kw: dict) -> None:
     found, bad = discover(_read_inputs(kw["inputs"]))
     items = plan_outputs(found, kw["output_dir"])
     formats = list(FORMATS) if kw["output_format"] == "all" else [kw["output_format"]]
-    mode = "overwrite" if kw["overwrite"] else "skip-existing" if kw["skip_existing"] else "changed"
     vad = _vad_options(kw)
     subtitles = _subtitle_options(kw)  # a usage error (exit 2) before the model loads
     _check_outputs(kw["output_dir"], kw["run_manifest"])  # usage errors before the model loads
@@ -203,11 +204,11 @@ def _run(task: str, kw: dict) -> None:
     with report_interrupt(stopped, label=False):
         with BatchProgress(len(items), sum(_safe_duration(i.path) for i in items), kw["progress"]) as bar:
             in_flight = _InFlight(bar)
-            outcomes = run_batch(engine.model, items, opts, formats, decode=engine.decode,
+            batch = BatchOptions(decode=engine.decode, settings=_text_settings(engine.preset, opts, kw), mode=mode,
+                                 vad=vad, subtitles=subtitles, batch_size=_batch_size(kw, engine),
                                  on_window=in_flight.window,
-                                 settings=_text_settings(engine.preset, opts, kw), mode=mode,
-                                 on_redo=lambda path, why: bar.message(f"redoing {path}: {why}"), vad=vad,
-                                 subtitles=subtitles, batch_size=_batch_size(kw, engine))
+                                 on_redo=lambda path, why: bar.message(f"redoing {path}: {why}"))
+            outcomes = run_batch(engine.model, items, opts, formats, batch)
             for outcome in itertools.chain(bad, outcomes):
                 in_flight.done(outcome.path)
                 summary.add(outcome)
@@ -215,14 +216,7 @@ def _run(task: str, kw: dict) -> None:
                 _report(outcome, bar, None if run.shard.distributed else kw["jsonl"])
                 if outcome.error and kw["fail_fast"]:
                     break
-        click.echo(f"rank {run.shard.rank}: " * run.shard.distributed + summary.line(), err=True)
-        report = run.finish()  # a distributed run: every rank's rows, manifest by rank 0; the same report everywhere
-        for record in report.records if run.shard.rank == 0 else ():
-            click.echo(json_line(record))
-    for line in report_lines(report, run.shard):
-        click.echo(line, err=True)
-    if summary.failed or report.exit_code:
-        raise SystemExit(1)
+        finish_run(run, summary.line(), bool(summary.failed), json_line)
 
 
 def _shard(kw: dict, bad: list, items: list) -> tuple[ShardedRun, list, list]:
@@ -235,12 +229,10 @@ def _shard(kw: dict, bad: list, items: list) -> tuple[ShardedRun, list, list]:
     return run, [bad[i] for i in run.mine if i < n], [items[i - n] for i in run.mine if i >= n]
 
 
-def _row(outcome, with_record: bool) -> dict:
-    """The run-manifest row of one outcome (``specli.io.sharding``); its JSON record too when ``with_record``."""
-    status = "failed" if outcome.error else "skipped" if outcome.skipped else "ok"
-    row = {"input": str(outcome.path), "status": status, "outputs": [str(o) for o in outcome.outputs],
-           "error": outcome.error, "audio_seconds": outcome.result.stats.audio_seconds if outcome.result else 0.0}
-    return {**row, "record": outcome.record} if with_record else row
+def _row(outcome: Outcome, with_record: bool) -> dict:
+    """The run-manifest row of one outcome (``specli.io.batch``); its JSON record too when ``with_record``."""
+    seconds = outcome.result.stats.audio_seconds if outcome.result else 0.0
+    return manifest_row(outcome, {"audio_seconds": seconds}, with_record)
 
 
 def _batch_size(kw: dict, engine: Engine) -> int:

@@ -19,7 +19,7 @@ stage takes the voice prompt's tokens, mel and x-vector.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -32,11 +32,12 @@ from specli.core.sampling import request_generator
 from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, SynthesisResult, Synthesizer
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT
 from specli.errors import AudioError, UsageError
-from specli.tts.pipeline import (InOrder, OutputWriteError, Resume, SpeechItem, content_fingerprint, own_outputs,
-                                 request_settings, result_record, run_items, settled_item, synthesis_settings,
-                                 write_output)
+from specli.io.batch import Outcome
+from specli.tts.pipeline import (OutputWriteError, Resume, RunOptions, SpeechItem, content_fingerprint, failed,
+                                 own_outputs, report_in_order, request_settings, result_record, run_items,
+                                 settled_item, write_output)
 
-__all__ = ["AudioOptions", "AudioOutcome", "Voice", "audio_path", "audio_record", "audio_settings", "prepare_voice",
+__all__ = ["AudioOptions", "SpokenLine", "Voice", "audio_path", "audio_record", "audio_settings", "prepare_voice",
            "run_audio_synthesis", "vocoder_generator", "voice_settings"]
 
 _VOCODER_KEY = "/vocoder"  # the vocoder's generator key suffix (its own stream, apart from the LLM's)
@@ -74,18 +75,17 @@ class Voice:
 
 
 @dataclass(frozen=True)
-class AudioOutcome:
-    """What happened to one input line."""
+class SpokenLine:
+    """What a line synthesized to audio now is made of (the result of its :class:`~specli.io.batch.Outcome`)."""
 
-    where: str  # "file:line"
-    id: str  # request id ("" for a line that had none)
-    result: SynthesisResult | None = None  # the speech tokens, when synthesized now
-    audio: RenderedAudio | None = None  # the audio and its stage times, when synthesized now
-    path: Path | None = None  # the audio file written
-    llm_seconds: float = 0.0  # wall time of the LLM stage
-    skipped: bool = False  # the audio file was kept (made with the same settings, or --skip-existing)
-    error: str = ""  # why it failed
-    record: dict | None = None  # its JSON record: of the audio, or read back from its sidecar when skipped
+    speech: SynthesisResult  # the speech tokens (the LLM stage)
+    audio: RenderedAudio  # the audio and its flow / vocoder times
+    llm_seconds: float = 0.0  # wall time of the LLM stage (a batched row: its time in the shared decode)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The line's speech tokens."""
+        return self.speech.tokens
 
 
 def prepare_voice(vocalizer: Vocalizer, prompt_wav: str | None = None, prompt_text: str | None = None,
@@ -173,15 +173,14 @@ def _line_voice(vocalizer: Vocalizer, item: SpeechItem, run_voice: Voice,
 
 
 def _render_one(synth: Synthesizer, vocalizer: Vocalizer, item: SpeechItem, request: SynthesisRequest, path: Path,
-                settings: dict, options: AudioOptions, voice: Voice) -> AudioOutcome:
+                settings: dict, options: AudioOptions, voice: Voice) -> Outcome:
     """Speak one line's ``request`` to ``path`` (its sidecar with ``settings`` and the record first)."""
     t0 = time.perf_counter()
     result = synth.synthesize(request)
     llm_seconds = time.perf_counter() - t0
     audio = joined_audio([vocalizer.render(tokens, voice.flow, vocoder_generator(options.seed, pid),
                                            options.sample_rate) for pid, tokens in result.segments()])
-    return _write_audio(AudioOutcome(item.where, request.id, result, audio, path, llm_seconds), settings, options,
-                        item.source)
+    return _write_audio(item, SpokenLine(result, audio, llm_seconds), path, settings, options)
 
 
 def joined_audio(parts: list[RenderedAudio]) -> RenderedAudio:
@@ -200,30 +199,27 @@ def vocoder_generator(seed: int, request_id: str) -> torch.Generator:
     return request_generator(seed, request_id + _VOCODER_KEY, "cpu")
 
 
-def _write_audio(outcome: AudioOutcome, settings: dict, options: AudioOptions, source: str) -> AudioOutcome:
-    """Encode and write a rendered outcome's audio (sidecar with ``settings`` and the record, naming the line's
-    ``source``, first); a file that cannot be written fails this line only."""
-    record = audio_record(outcome, source)
-    audio = outcome.audio
+def _write_audio(item: SpeechItem, spoken: SpokenLine, path: Path, settings: dict, options: AudioOptions) -> Outcome:
+    """Encode and write a line's rendered audio to ``path`` (sidecar with ``settings`` and the record, naming the
+    line's source, first); a file that cannot be written fails this line only."""
+    record = audio_record(spoken, path, item.source)
+    audio = spoken.audio
     try:
-        write_output(outcome.path, encode_audio(audio.audio, audio.sample_rate, options.format), settings, record)
+        write_output(path, encode_audio(audio.audio, audio.sample_rate, options.format), settings, record)
     except OutputWriteError as exc:
-        return AudioOutcome(outcome.where, outcome.id, error=str(exc))
-    return replace(outcome, record=record)
+        return failed(item, str(exc))
+    return Outcome(item.where, spoken, outputs=(path,), record=record, id=item.request.id)
 
 
-def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[SpeechItem], output_dir: Path,
-                        options: AudioOptions = AudioOptions(), voice: Voice | None = None, overwrite: bool = False,
-                        on_outcome: Callable[[AudioOutcome], None] | None = None, resume: Resume | None = None,
-                        batch_size: int = 1) -> list[AudioOutcome]:
-    """Synthesize every good item whose audio file is not kept by ``resume`` (default: the settings of
-    ``synth``; redo files made with others, or all with ``overwrite``). With ``batch_size`` > 1 the LLM
-    decodes up to that many together and the acoustic stages take the finished rows in groups
-    (:meth:`Vocalizer.render_rows`): the same bytes as one at a time (for the same speech tokens), each file
-    written as its audio is done, outcomes reported in input order. A batched row's LLM seconds are its time
-    in the shared decode."""
+def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[SpeechItem], run: RunOptions,
+                        options: AudioOptions = AudioOptions(), voice: Voice | None = None) -> list[Outcome]:
+    """Synthesize every good item whose audio file is not kept by ``run.resume`` (each outcome's result a
+    :class:`SpokenLine`). With ``run.batch_size`` > 1 the LLM decodes up to that many together and the acoustic
+    stages take the finished rows in groups (:meth:`Vocalizer.render_rows`): the same bytes as one at a time (for
+    the same speech tokens), each file written as its audio is done, outcomes reported in input order. A batched
+    row's LLM seconds are its time in the shared decode."""
     voice = voice or Voice(VoicePrompt.none(vocalizer.spec.mel.n_mels))
-    resume = resume or Resume(synthesis_settings(synth), "overwrite" if overwrite else "changed")
+    resume, output_dir, batch_size = run.resume_for(synth), run.output_dir, run.batch_size
     run_settings = {**resume.settings, "audio": audio_settings(vocalizer, options)}
     if vocalizer.spec.vocoder == "hift":  # HiFT draws its source noise from the seed; HiFi-GAN draws none
         run_settings["seed"] = options.seed
@@ -241,14 +237,14 @@ def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[Sp
         return audio_path(output_dir, it.request.id, options.format), settings
 
     if batch_size > 1:
-        return _run_audio_batched(synth, vocalizer, items, target, options, (voice, cache), resume, on_outcome,
-                                  batch_size)
+        pairs = _run_audio_batched(synth, vocalizer, items, target, options, (voice, cache), resume, batch_size)
+        return report_in_order(synth, pairs, run.on_outcome)
 
-    def produce(it: SpeechItem, path: Path, settings: dict) -> AudioOutcome:
+    def produce(it: SpeechItem, path: Path, settings: dict) -> Outcome:
         line_voice, request = _line_voice(vocalizer, it, voice, cache)
         return _render_one(synth, vocalizer, it, request, path, settings, options, line_voice)
 
-    return run_items(synth, items, resume, target, AudioOutcome, produce, _LINE_ERRORS, on_outcome)
+    return report_in_order(synth, run_items(items, resume, target, produce, _LINE_ERRORS), run.on_outcome)
 
 
 _LINE_ERRORS = (SynthesisInputError, RenderError, AudioError, UsageError)  # what fails one line, not the run
@@ -267,40 +263,37 @@ class _Row:
 
 def _run_audio_batched(synth: Synthesizer, vocalizer: Vocalizer, items: list[SpeechItem],
                        target: Callable[[SpeechItem], tuple[Path, dict]], options: AudioOptions,
-                       voices: tuple[Voice, dict[tuple[str, str], Voice]], resume: Resume,
-                       on_outcome: Callable[[AudioOutcome], None] | None, batch_size: int) -> list[AudioOutcome]:
+                       voices: tuple[Voice, dict[tuple[str, str], Voice]], resume: Resume, batch_size: int
+                       ) -> Iterator[tuple[int, Outcome]]:
     """:func:`run_audio_synthesis` with ``batch_size`` rows decoding together; finished rows are rendered
     ``batch_size`` at a time (and the last ones when the LLM is done)."""
-    order: InOrder[AudioOutcome] = InOrder(len(items), on_outcome)
     rows: list[_Row] = []
     for k, it in enumerate(items):
-        out, path, settings = settled_item(it, resume, target, AudioOutcome)
+        out, path, settings = settled_item(it, resume, target)
         if out is None:
             try:
                 line_voice, request = _line_voice(vocalizer, it, *voices)
                 rows.append(_Row(k, path, settings, line_voice, request))
                 continue
             except (AudioError, UsageError) as exc:
-                out = AudioOutcome(it.where, it.request.id, error=str(exc))
-        order.settle(k, out)
+                out = failed(it, str(exc))
+        yield k, out
     done: list[tuple[_Row, SynthesisResult]] = []
     for j, res in synth.synthesize_batch([row.request for row in rows], batch_size):
         if isinstance(res, SynthesisInputError):
-            order.settle(rows[j].k, AudioOutcome(items[rows[j].k].where, rows[j].request.id, error=str(res)))
+            yield rows[j].k, failed(items[rows[j].k], str(res))
             continue
         done.append((rows[j], res))
         if len(done) == batch_size:
-            _render_done(vocalizer, items, done, options, order)
+            yield from _render_done(vocalizer, items, done, options)
             done = []
-    _render_done(vocalizer, items, done, options, order)
-    synth.finish()
-    return order.all()
+    yield from _render_done(vocalizer, items, done, options)
 
 
 def _render_done(vocalizer: Vocalizer, items: list[SpeechItem], done: list[tuple[_Row, SynthesisResult]],
-                 options: AudioOptions, order: InOrder[AudioOutcome]) -> None:
+                 options: AudioOptions) -> Iterator[tuple[int, Outcome]]:
     """Render and write the rows the LLM finished (each piece of a line spoken in pieces a render job of its
-    own), settling each outcome as its file is written."""
+    own), yielding each outcome as its file is written."""
     jobs, owner = [], []  # owner[j]: the done row whose piece job j renders
     for d, (row, res) in enumerate(done):
         for pid, tokens in res.segments():
@@ -314,26 +307,25 @@ def _render_done(vocalizer: Vocalizer, items: list[SpeechItem], done: list[tuple
         if len(parts[d]) < counts[d]:
             continue
         row, res = done[d]
-        where = items[row.k].where
+        item = items[row.k]
         pieces = [parts[d][k] for k in sorted(parts[d])]
-        failed = next((a for a in pieces if isinstance(a, RenderError)), None)
-        if failed is not None:
-            order.settle(row.k, AudioOutcome(where, row.request.id, error=str(failed)))
+        broken = next((a for a in pieces if isinstance(a, RenderError)), None)
+        if broken is not None:
+            yield row.k, failed(item, str(broken))
             continue
-        outcome = AudioOutcome(where, row.request.id, res, joined_audio(pieces), row.path, res.stats.decode_seconds)
-        order.settle(row.k, _write_audio(outcome, row.settings, options, items[row.k].source))
+        spoken = SpokenLine(res, joined_audio(pieces), res.stats.decode_seconds)
+        yield row.k, _write_audio(item, spoken, row.path, row.settings, options)
 
 
-def audio_record(outcome: AudioOutcome, source: str = "") -> dict:
-    """The JSONL record of one utterance rendered to audio (the token record + audio and stage times)."""
-    if outcome.result is None or outcome.audio is None or outcome.path is None:
-        raise ValueError("only a rendered outcome has a record")
-    audio, rec = outcome.audio, result_record(outcome.result, source)
-    seconds = {"llm": outcome.llm_seconds, "flow": audio.flow_seconds, "vocoder": audio.vocoder_seconds}
+def audio_record(spoken: SpokenLine, path: Path, source: str = "") -> dict:
+    """The JSONL record of one utterance rendered to audio at ``path`` (the token record + audio and stage
+    times)."""
+    audio, rec = spoken.audio, result_record(spoken.speech, source)
+    seconds = {"llm": spoken.llm_seconds, "flow": audio.flow_seconds, "vocoder": audio.vocoder_seconds}
     seconds["total"] = sum(seconds.values())
     dur = audio.duration
     rec.update({
-        "audio": outcome.path.name, "sample_rate": audio.sample_rate, "duration_s": round(dur, 4),
+        "audio": path.name, "sample_rate": audio.sample_rate, "duration_s": round(dur, 4),
         "flow_tokens": audio.flow_tokens, "mel_frames": audio.mel_frames,
         "seconds": {k: round(v, 4) for k, v in seconds.items()},
         "rtf": {k: round(v / dur, 4) if dur else 0.0 for k, v in seconds.items()},

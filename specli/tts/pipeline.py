@@ -19,18 +19,16 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Generic, TypeVar
 
 import numpy as np
 
 from specli.io.atomic import remove_stale_parts, write_atomic_with
+from specli.io.batch import Outcome, in_input_order
 from specli.io.outputs import mirrored_bases, path_tag
 from specli.io.resume import ResumeMode, decide, file_fingerprint, read_sidecar, sidecar_path, write_sidecar
 from specli.models.cosyvoice.lm import CosyVoiceModel, lm_fingerprint
 from specli.core.drafters.llm.loading import resolve_drafter_dir
 from specli.tts.synthesis import SynthesisInputError, SynthesisOptions, SynthesisRequest, SynthesisResult, Synthesizer
-
-O = TypeVar("O")  # an outcome record (SpeechOutcome, or speech_audio.AudioOutcome)
 
 
 @dataclass(frozen=True)
@@ -43,18 +41,6 @@ class SpeechItem:
     prompt_wav: str = ""  # a manifest line's voice prompt recording (audio output only; see speech_audio.py)
     source: str = ""  # the input it came from: a file's resolved path, "--text" or "<stdin>" (its records' "source")
     fallback_id: str = ""  # the id it takes when the output under its id was made from another input ("": none)
-
-
-@dataclass(frozen=True)
-class SpeechOutcome:
-    """What happened to one input line."""
-
-    where: str  # "file:line"
-    id: str  # request id ("" for a line that had none)
-    result: SynthesisResult | None = None  # set when synthesized now
-    skipped: bool = False  # its output was kept (made with the same settings, or --skip-existing)
-    error: str = ""  # why it failed
-    record: dict | None = None  # its JSON record: of the result, or read back from its sidecar when skipped
 
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9._-]+")
@@ -311,22 +297,35 @@ def own_outputs(items: list[SpeechItem], path_of: Callable[[str], Path], resume:
 
 
 Target = Callable[[SpeechItem], tuple[Path, dict]]  # a good line's output path and its settings
+Pairs = Iterator[tuple[int, Outcome]]  # (input position, outcome) of each line, in the order they finish
 
 
-def run_items(synth: Synthesizer, items: list[SpeechItem], resume: Resume, target: Target,
-              outcome: Callable[..., O], produce: Callable[[SpeechItem, Path, dict], O],
-              errors: tuple[type[Exception], ...], on_outcome: Callable[[O], None] | None = None) -> list[O]:
-    """The batch loop: a bad line gives an error ``outcome``, a request whose output (``target``) is kept by
-    ``resume`` a skipped one, any other is ``produce``d to its output with its settings (``errors`` it raises
-    become error outcomes)."""
-    outcomes = []
-    for it in items:
-        out, path, settings = settled_item(it, resume, target, outcome)
+def failed(it: SpeechItem, why: str) -> Outcome:
+    """The failed outcome of a line (a bad line has no id)."""
+    return Outcome(it.where, error=why, id=it.request.id if it.request is not None else "")
+
+
+def run_items(items: list[SpeechItem], resume: Resume, target: Target,
+              produce: Callable[[SpeechItem, Path, dict], Outcome], errors: tuple[type[Exception], ...]) -> Pairs:
+    """The batch-1 loop: a bad line fails, a request whose output (``target``) is kept by ``resume`` is skipped,
+    any other is ``produce``d to its output with its settings (``errors`` it raises fail that line)."""
+    for k, it in enumerate(items):
+        out, path, settings = settled_item(it, resume, target)
         if out is None:
             try:
                 out = produce(it, path, settings)
             except errors as exc:
-                out = outcome(it.where, it.request.id, error=str(exc))
+                out = failed(it, str(exc))
+        yield k, out
+
+
+def report_in_order(synth: Synthesizer, pairs: Pairs, on_outcome: Callable[[Outcome], None] | None
+                    ) -> list[Outcome]:
+    """The outcomes of ``pairs``, each released to ``on_outcome`` in input order as soon as all earlier ones are
+    known (batched rows finish out of order; on Ctrl-C those held back are not reported); then the synthesizer's
+    run ends (:meth:`Synthesizer.finish`)."""
+    outcomes = []
+    for out in in_input_order(pairs, flush_on_interrupt=False):
         outcomes.append(out)
         if on_outcome is not None:
             on_outcome(out)
@@ -334,103 +333,90 @@ def run_items(synth: Synthesizer, items: list[SpeechItem], resume: Resume, targe
     return outcomes
 
 
-def settled_item(it: SpeechItem, resume: Resume, target: Target, outcome: Callable[..., O]
-                 ) -> tuple[O | None, Path | None, dict]:
+def settled_item(it: SpeechItem, resume: Resume, target: Target) -> tuple[Outcome | None, Path | None, dict]:
     """``(outcome, None, {})`` of an item that needs no synthesis (a bad line, or its output is kept), else
     ``(None, output path, settings)``; an existing output redone is told to ``resume.on_redo``."""
     if it.request is None:
-        return outcome(it.where, "", error=it.error), None, {}
+        return failed(it, it.error), None, {}
     path, settings = target(it)
     decision = decide([path], path, settings, resume.mode, fallback=None)
     if decision.skip:
-        return outcome(it.where, it.request.id, skipped=True, record=decision.record), None, {}
+        return Outcome(it.where, skipped=True, outputs=(path,), record=decision.record, id=it.request.id), None, {}
     if decision.redo_reason and resume.on_redo is not None:
         resume.on_redo(it.request.id, decision.redo_reason)
     return None, path, settings
 
 
-def _frontend_needed(it: SpeechItem) -> SpeechOutcome | None:
+def _frontend_needed(it: SpeechItem) -> Outcome | None:
     """The failure of a line whose voice prompt is a recording: speech tokens only cannot read it."""
     if it.prompt_wav and not it.request.prompt_tokens:
-        return SpeechOutcome(it.where, it.request.id, error="prompt_wav needs the speech-tokenizer frontend: "
-                             "give --format wav or flac, or prompt_tokens (speech token ids of the prompt)")
+        return failed(it, "prompt_wav needs the speech-tokenizer frontend: "
+                          "give --format wav or flac, or prompt_tokens (speech token ids of the prompt)")
     return None
 
 
-def _written(it: SpeechItem, res: SynthesisResult, path: Path, settings: dict) -> SpeechOutcome:
+def _written(it: SpeechItem, res: SynthesisResult, path: Path, settings: dict) -> Outcome:
     record = result_record(res, it.source)
     try:
         write_output(path, tokens_bytes(res.tokens), settings, record)
     except OutputWriteError as exc:
-        return SpeechOutcome(it.where, it.request.id, error=str(exc))
-    return SpeechOutcome(it.where, it.request.id, res, record=record)
+        return failed(it, str(exc))
+    return Outcome(it.where, res, outputs=(path,), record=record, id=it.request.id)
 
 
-def run_synthesis(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, overwrite: bool = False,
-                  on_outcome: Callable[[SpeechOutcome], None] | None = None, batch_size: int = 1,
-                  resume: Resume | None = None) -> list[SpeechOutcome]:
-    """Synthesize every good item whose ``<id>.npy`` is not kept by ``resume`` (default: the settings of
-    ``synth``; redo outputs made with others, or all with ``overwrite``); with ``batch_size`` > 1 up to that
-    many decode together (the same tokens; outcomes still reported in input order)."""
-    resume = resume or Resume(synthesis_settings(synth), "overwrite" if overwrite else "changed")
+@dataclass(frozen=True)
+class RunOptions:
+    """Where a synthesis batch writes and how it runs (:func:`run_synthesis`, ``audio_out.run_audio_synthesis``)."""
+
+    output_dir: Path  # where each line's output goes: <id>.npy, <id>.wav or <id>.flac
+    resume: Resume | None = None  # what a rerun does with existing outputs; None: redo those made with other
+    # settings (synthesis_settings of the synthesizer)
+    batch_size: int = 1  # lines decoded together (the same tokens as at 1; outcomes still in input order)
+    on_outcome: Callable[[Outcome], None] | None = None  # told each outcome, in input order, as soon as it is known
+
+    def resume_for(self, synth: Synthesizer) -> Resume:
+        """``resume``, or by default: redo the outputs made with other settings than ``synth``'s."""
+        return self.resume or Resume(synthesis_settings(synth))
+
+
+def run_synthesis(synth: Synthesizer, items: list[SpeechItem], run: RunOptions) -> list[Outcome]:
+    """Synthesize every good item whose ``<id>.npy`` is not kept by ``run.resume``; with ``run.batch_size`` > 1
+    up to that many decode together (the same tokens; outcomes still reported in input order). Each outcome's
+    result is the line's :class:`SynthesisResult`."""
+    resume, output_dir, on_outcome = run.resume_for(synth), run.output_dir, run.on_outcome
     items = own_outputs(items, lambda rid: tokens_path(output_dir, rid), resume)
 
     def target(it: SpeechItem) -> tuple[Path, dict]:
         return tokens_path(output_dir, it.request.id), {**resume.settings, "request": request_settings(it.request)}
 
-    if batch_size > 1:
-        return _run_batched(synth, items, resume, target, on_outcome, batch_size)
+    if run.batch_size > 1:
+        return report_in_order(synth, _run_batched(synth, items, resume, target, run.batch_size), on_outcome)
 
-    def produce(it: SpeechItem, path: Path, settings: dict) -> SpeechOutcome:
-        failed = _frontend_needed(it)
-        return failed or _written(it, synth.synthesize(it.request), path, settings)
+    def produce(it: SpeechItem, path: Path, settings: dict) -> Outcome:
+        return _frontend_needed(it) or _written(it, synth.synthesize(it.request), path, settings)
 
-    return run_items(synth, items, resume, target, SpeechOutcome, produce, (SynthesisInputError,), on_outcome)
-
-
-class InOrder(Generic[O]):
-    """Outcomes of a batched run, released to ``on_outcome`` in input order as soon as all earlier ones are
-    known (rows finish out of order)."""
-
-    def __init__(self, count: int, on_outcome: Callable[[O], None] | None) -> None:
-        self.outcomes: list[O | None] = [None] * count
-        self.released = 0
-        self.on_outcome = on_outcome
-
-    def settle(self, k: int, out: O) -> None:
-        """Item ``k``'s outcome; releases it and every later known one once all before it are."""
-        self.outcomes[k] = out
-        while self.released < len(self.outcomes) and self.outcomes[self.released] is not None:
-            if self.on_outcome is not None:
-                self.on_outcome(self.outcomes[self.released])
-            self.released += 1
-
-    def all(self) -> list[O]:
-        return [out for out in self.outcomes if out is not None]
+    return report_in_order(synth, run_items(items, resume, target, produce, (SynthesisInputError,)), on_outcome)
 
 
-def _run_batched(synth: Synthesizer, items: list[SpeechItem], resume: Resume, target: Target,
-                 on_outcome: Callable[[SpeechOutcome], None] | None, batch_size: int) -> list[SpeechOutcome]:
+def _run_batched(synth: Synthesizer, items: list[SpeechItem], resume: Resume, target: Target, batch_size: int
+                 ) -> Pairs:
     """:func:`run_synthesis` through :meth:`Synthesizer.synthesize_batch`: each output is written as its row
-    finishes; outcomes are released to ``on_outcome`` in input order as soon as all earlier ones are known."""
-    order: InOrder[SpeechOutcome] = InOrder(len(items), on_outcome)
+    finishes."""
     todo: list[tuple[int, Path, dict]] = []
     for k, it in enumerate(items):
-        out, path, settings = settled_item(it, resume, target, SpeechOutcome)
+        out, path, settings = settled_item(it, resume, target)
         out = out or _frontend_needed(it)
         if out is None:
             todo.append((k, path, settings))
         else:
-            order.settle(k, out)
+            yield k, out
     for j, res in synth.synthesize_batch([items[k].request for k, _, _ in todo], batch_size):
         k, path, settings = todo[j]
         it = items[k]
         if isinstance(res, SynthesisInputError):
-            order.settle(k, SpeechOutcome(it.where, it.request.id, error=str(res)))
+            yield k, failed(it, str(res))
         else:
-            order.settle(k, _written(it, res, path, settings))
-    synth.finish()
-    return order.all()
+            yield k, _written(it, res, path, settings)
 
 
 def result_record(result: SynthesisResult, source: str = "") -> dict:

@@ -94,7 +94,7 @@ def main() -> None:
         names.insert(0, "ar")
     presets = {n: preset_for(n) for n in names}
     model = load_whisper("whisper-base", args.dtype)
-    decoders = {n: (None if p.strategy == "ar" else build_decoder(p, model, "en")) for n, p in presets.items()}
+    decoders = {n: (None if p.draft.strategy == "ar" else build_decoder(p, model, "en")) for n, p in presets.items()}
     clips = args.audio or sorted(SAMPLES.glob("*.wav"))[: args.clips]
     stats = {n: DecodeStats() for n in names}
     ref: dict[Path, list] = {}

@@ -211,7 +211,7 @@ def test_presets_load_their_drafter_from_the_models_dir(models, dirs, family, ki
     from specli.presets import load_preset
 
     preset = load_preset(f"{family}-{kind}")
-    assert preset.drafter == kind and preset.draft_dir == f"{family}-{kind}"
+    assert preset.draft.drafter == kind and preset.draft.draft_dir == f"{family}-{kind}"
     monkeypatch.setenv("SPECLI_MODELS_DIR", str(tmp_path))
     with pytest.raises(ModelLoadError, match=f"{family}-{kind}"):
         load_engine(preset, model=str(dirs[family]))

@@ -155,8 +155,8 @@ def test_preset_values_of_the_wrong_type_name_the_key(key, value, word):
 def test_preset_takes_an_integer_for_a_float_field():
     p = preset_from_dict("p", {"model": "m", "strategy": "chain", "drafter": "model", "draft_model": "d",
                                "confidence_threshold": 0, "tree_threshold": 1})
-    assert p.tree_threshold == 1.0 and isinstance(p.tree_threshold, float)
-    assert p.confidence_threshold == 0.0 and isinstance(p.confidence_threshold, float)
+    assert p.draft.tree_threshold == 1.0 and isinstance(p.draft.tree_threshold, float)
+    assert p.draft.confidence_threshold == 0.0 and isinstance(p.draft.confidence_threshold, float)
 
 
 @pytest.mark.slow

@@ -292,6 +292,7 @@ def test_qwen2_target_on_the_device_lossless(dtype, drafter, greedy):
 def test_cosyvoice_lm_on_the_device_pool_equals_ar(tmp_path):
     from cosyvoice_fixtures import write_checkpoint
     from specli.core.sampling import SamplerOptions
+    from specli.presets.draft import DraftSpec
     from specli.tts.synthesis import SynthesisOptions, SynthesisRequest, Synthesizer
     from specli.models.cosyvoice.lm import load_cosyvoice
 
@@ -299,7 +300,8 @@ def test_cosyvoice_lm_on_the_device_pool_equals_ar(tmp_path):
     assert model.lm.speech_embedding.device.type == DEV.type
     assert model.lm.qwen.embed_tokens.device.type == DEV.type
     ar = Synthesizer(model, SynthesisOptions(sampler=SamplerOptions("greedy")))
-    pool = Synthesizer(model, SynthesisOptions(sampler=SamplerOptions("greedy"), drafter="pool"))
+    pool = Synthesizer(model, SynthesisOptions(sampler=SamplerOptions("greedy"),
+                                            draft=DraftSpec(strategy="chain", drafter="pool")))
     for i, text in enumerate(["hello there", "hello there again", "hello there"]):
         req = SynthesisRequest(f"u{i}", text)
         a, p = ar.synthesize(req), pool.synthesize(req)

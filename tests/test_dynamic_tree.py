@@ -8,7 +8,6 @@ wrong); a statistical test for sampling; and a real-weight test (whisper-base + 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -222,8 +221,8 @@ def test_sampling_with_a_dynamic_tree_keeps_the_target_distribution():
 
 def test_presets_validate_the_tree_keys():
     tree = load_preset("whisper-eagle-asr-tree")
-    assert tree.strategy == "dynamic-tree" and tree.drafter == "eagle" and tree.tree_depth >= 1
-    assert load_preset("whisper-base-tinyen-sparse-tree").branch_steps >= 1
+    assert tree.draft.strategy == "dynamic-tree" and tree.draft.drafter == "eagle" and tree.draft.tree_depth >= 1
+    assert load_preset("whisper-base-tinyen-sparse-tree").draft.branch_steps >= 1
     base = {"model": "whisper-base", "strategy": "dynamic-tree", "drafter": "eagle", "head": "whisper-base-eagle"}
     with pytest.raises(PresetError, match="unknown key"):
         preset_from_dict("x", {**base, "tree_width": 3})
@@ -244,7 +243,7 @@ def test_real_weights_dynamic_tree_identical_to_ar(whisper_models):
 
     # unpruned (the shipped preset drops nodes below path probability 0.2, and on this clip proposes chains;
     # test_real_speculative checks the shipped preset itself): every proposal is a full tree of max_draft nodes
-    preset = dataclasses.replace(load_preset("whisper-eagle-asr-tree"), confidence_threshold=0.0)
+    preset = load_preset("whisper-eagle-asr-tree").with_draft(confidence_threshold=0.0)
     model = whisper_models(preset.model)
     decode = build_decoder(preset, model, "en")
     trees = []

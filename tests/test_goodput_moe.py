@@ -118,8 +118,8 @@ def test_goodput_preset_on_the_tiny_moe_is_lossless(tmp_path) -> None:
     torch.manual_seed(0)
     save_speculators(new_eagle3(target_parts(model.target), 5, aux_layers=ids, convention=convention),
                      tmp_path / "qwen3-omni-eagle3")
-    preset = replace(load_preset("qwen3-omni-eagle3"), draft_dir=str(tmp_path / "qwen3-omni-eagle3"),
-                     draft_length="goodput", dtype="float32")
+    preset = replace(load_preset("qwen3-omni-eagle3"), dtype="float32").with_draft(
+        draft_dir=str(tmp_path / "qwen3-omni-eagle3"), draft_length="goodput")
     method = build_decoder(preset, model)
     assert isinstance(method.spec.costs, OnlineCosts) and isinstance(method.spec.costs.prior, MoECosts)
     for i, seconds, max_new in ((0, None, 40), (1, 2.0, 12), (2, 0.5, 30)):

@@ -102,18 +102,18 @@ def test_int8_output_is_close_to_the_float_layer():
 @pytest.mark.parametrize("weights,want", [("auto", True), ("int8", True), ("float", False)])
 def test_preset_head_weights_reach_the_drafter(whisper_models, weights, want):
     from specli.asr.strategies import build_drafter
-    from specli.presets import Preset
+    from specli.presets import preset_from_dict
 
-    preset = Preset("p", "whisper-base", strategy="adaptive", drafter="eagle", head="whisper-base-eagle",
-                    confidence_threshold=0.7, head_weights=weights)
+    preset = preset_from_dict("p", {"model": "whisper-base", "strategy": "adaptive", "drafter": "eagle",
+                                    "head": "whisper-base-eagle", "confidence_threshold": 0.7, "head_weights": weights})
     drafter = build_drafter(preset, whisper_models("whisper-base"))
     assert isinstance(drafter.head.fc1.linear, Int8Linear) == want  # auto: int8 on the CPU
 
 
 def test_preset_rejects_unknown_head_weights():
     from specli.errors import PresetError
-    from specli.presets import Preset
+    from specli.presets import preset_from_dict
 
     with pytest.raises(PresetError, match="head_weights"):
-        Preset("p", "whisper-base", strategy="adaptive", drafter="eagle", head="h", confidence_threshold=0.7,
-               head_weights="int4")
+        preset_from_dict("p", {"model": "whisper-base", "strategy": "adaptive", "drafter": "eagle", "head": "h",
+                               "confidence_threshold": 0.7, "head_weights": "int4"})

@@ -5,7 +5,10 @@
 * only ``commands/`` and ``cli.py`` import click or rich;
 * no import loop between specli modules, and no specli import inside a function to dodge one;
 * one module (``specli/io/locate.py``) knows where models are kept: it alone names ``$SPECLI_MODELS_DIR`` or the
-  Hugging Face cache's variables, and imports ``huggingface_hub``.
+  Hugging Face cache's variables, and imports ``huggingface_hub``;
+* one place maps a drafter kind to its class: the registry's registrants (``DRAFTER_REGISTRANTS``) register every
+  kind and are the only modules that compare a drafter kind with a kind's name (presets, which validate what a
+  kind needs, aside).
 """
 
 from __future__ import annotations
@@ -133,6 +136,41 @@ def test_one_module_knows_where_models_are_kept() -> None:
     hub = {name for name in MODULES
            if any(t.split(".")[0] == "huggingface_hub" for t in _imports(name, True) | _imports(name, False))}
     assert readers == {"specli.io.locate"} and hub == {"specli.io.locate"}
+
+
+# the modules that register drafter kinds in specli.core.drafters.registry.DRAFTERS, one a pipeline
+DRAFTER_REGISTRANTS = ("specli.asr.drafters.kinds", "specli.tts.drafters")
+
+
+def _names_a_drafter(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "drafter") or (isinstance(node, ast.Attribute)
+                                                                      and node.attr == "drafter")
+
+
+def _kind_names(node: ast.AST) -> list[str]:
+    """The drafter kind names a comparison operand spells ("none", no drafter, is not a kind)."""
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str) and i.value != "none"]
+
+
+def _kind_comparisons(tree: ast.AST) -> list[str]:
+    """``drafter == "pool"`` / ``x.drafter in ("eagle3", "dflash")``...: a kind's name compared with a drafter."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(_names_a_drafter(o) for o in operands):
+                found += [f"line {node.lineno}: {k}" for o in operands for k in _kind_names(o)]
+    return found
+
+
+def test_one_place_maps_a_drafter_kind_to_its_class() -> None:
+    outside = {name: hits for name in MODULES if name not in DRAFTER_REGISTRANTS
+               and not name.startswith("specli.presets") and (hits := _kind_comparisons(_tree(name)))}
+    assert outside == {}
+    registering = {name for name in MODULES if "DRAFTERS.register(" in MODULES[name].read_text()}
+    assert registering == set(DRAFTER_REGISTRANTS)
+    assert _kind_comparisons(ast.parse('if p.drafter in ("model", "none"):\n    pass\n')) == ["line 1: model"]
 
 
 def test_the_layering_test_sees_the_tree() -> None:

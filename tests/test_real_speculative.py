@@ -47,7 +47,7 @@ class DtypeRun:
 
 
 DTYPES = {
-    "float32": DtypeRun(lambda p: FP32_CLIPS[p.model] if p.drafter == "pool" else FP32_CLIPS[p.model][:2], _BY_CLIP,
+    "float32": DtypeRun(lambda p: FP32_CLIPS[p.model] if p.draft.drafter == "pool" else FP32_CLIPS[p.model][:2], _BY_CLIP,
                         lambda p: p),
     "int8": DtypeRun(lambda p: INT8_CLIPS, "en", lambda p: replace(p, dtype="int8")),
 }
@@ -79,7 +79,7 @@ def test_preset_transcripts_identical_to_ar(whisper_models, ar_reference, name, 
     assert model.target.dtype == getattr(torch, dtype)
     decode = build_decoder(preset, model, "en")
     forwards = tokens = 0
-    for _round in range(2 if preset.drafter == "pool" else 1):  # a second round lets the pool draw on the first
+    for _round in range(2 if preset.draft.drafter == "pool" else 1):  # a second round lets the pool draw on the first
         for clip in run.clips(preset):
             got, stats = _tokens(model, clip, decode, run.language)
             want = ar_reference(preset.model, dtype, clip, _language(model, clip, run.language))

@@ -302,7 +302,7 @@ def test_drafter_presets():
     for name in ("cosyvoice3-dspark", "cosyvoice3-dflash", "cosyvoice2-dspark", "cosyvoice2-eagle3",
                  "cosyvoice3-dspark-adaptive"):
         preset = load_synthesis_preset(name)
-        assert preset.drafter in KINDS and preset.draft_dir and preset.strategy != "ar"
+        assert preset.draft.drafter in KINDS and preset.draft.draft_dir and preset.draft.strategy != "ar"
     with pytest.raises(PresetError, match="needs a dspark"):
         synthesis_preset_from_dict("x", {"model": "cosyvoice3", "strategy": "adaptive",
                                          "drafter": "pool"})

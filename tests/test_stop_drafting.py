@@ -13,7 +13,7 @@ from specli.core.job import DecodeJob
 from specli.core.speculative import PROBE_FORWARDS, SpecOptions, drafting_pays, speculative_decode
 from specli.core.types import DecodeStats
 from specli.errors import PresetError
-from specli.presets import Preset
+from specli.presets import preset_from_dict
 from tiny_models import EOT, NO_TS, SOT, AlwaysWrongDrafter, tiny_rules, tiny_target, window
 
 TARGET = tiny_target(0)
@@ -61,7 +61,7 @@ def test_rows_of_a_batch_stop_drafting_on_their_own():
 
 
 def test_presets_validate_the_threshold():
-    kw = dict(strategy="adaptive", drafter="eagle", head="h", confidence_threshold=0.7)
-    assert Preset("p", "whisper-base", **kw, stop_drafting_below=0.5).stop_drafting_below == 0.5
+    kw = dict(model="whisper-base", strategy="adaptive", drafter="eagle", head="h", confidence_threshold=0.7)
+    assert preset_from_dict("p", {**kw, "stop_drafting_below": 0.5}).draft.stop_drafting_below == 0.5
     with pytest.raises(PresetError):
-        Preset("p", "whisper-base", **kw, stop_drafting_below=-0.1)
+        preset_from_dict("p", {**kw, "stop_drafting_below": -0.1})

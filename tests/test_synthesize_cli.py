@@ -189,7 +189,7 @@ def test_presets_listing_and_task_separation():
     with pytest.raises(PresetError, match="synthesis preset"):
         load_preset("cosyvoice2-ar")
     p = load_synthesis_preset("cosyvoice3-pool")
-    assert (p.model, p.strategy, p.drafter, p.sampler) == ("cosyvoice3", "chain", "pool", "ras")
+    assert (p.model, p.draft.strategy, p.draft.drafter, p.sampler) == ("cosyvoice3", "chain", "pool", "ras")
 
 
 def test_an_undecodable_byte_fails_its_line_only(tmp_path, cv2):

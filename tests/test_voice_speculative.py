@@ -113,14 +113,14 @@ def test_the_shipped_drafter_gives_the_ar_tokens(voice: CosyVoiceModel, referenc
     """specli-en-dflash: the DFlash drafter shipped beside the voice, in dynamic trees (and as a chain, adaptive)."""
     preset = load_synthesis_preset("specli-en-dflash")
     for strategy in ("dynamic-tree", "chain", "adaptive"):
-        synth = build_synthesizer(replace(preset, strategy=strategy), voice)
+        synth = build_synthesizer(preset.with_draft(strategy=strategy), voice)
         accepted = 0
         for r in REQUESTS:
             res = synth.synthesize(r)
             assert list(res.tokens) == reference[r.id], (strategy, r.text)
             accepted += res.stats.accepted
         assert accepted > 0, strategy  # a trained drafter: drafts are accepted
-    batched = build_synthesizer(replace(preset, max_draft_rows=0), voice)  # every row drafts
+    batched = build_synthesizer(preset.with_draft(max_draft_rows=0), voice)  # every row drafts
     for i, res in batched.synthesize_batch(REQUESTS, 3):
         assert list(res.tokens) == reference[REQUESTS[i].id]
 
@@ -140,7 +140,7 @@ def _first_tokens(voice: CosyVoiceModel, synth, request: SynthesisRequest, runs:
         job = replace(synth._job(request, prep, voice.lm.qwen.device), max_new_tokens=4,
                       generator=torch.Generator().manual_seed(1000 + i))
         res = speculative_decode(voice.lm, voice.lm.start(len(prep.prompt) + 6), job, synth.drafter,
-                                 SpecOptions(max_draft=synth.options.max_draft))
+                                 SpecOptions(max_draft=synth.options.draft.max_draft))
         counts[res.tokens[0] if res.tokens else job.eot] += 1
     return counts
 

@@ -99,7 +99,7 @@ def choose_baseline(presets: Sequence[Preset], baseline: str | None) -> Preset:
     """``baseline`` (a preset name or TOML file), else the first AR preset given, else ``whisper-base-ar``."""
     if baseline:
         return load_preset(baseline)
-    return next((p for p in presets if p.strategy == "ar"), None) or load_preset("whisper-base-ar")
+    return next((p for p in presets if p.draft.strategy == "ar"), None) or load_preset("whisper-base-ar")
 
 
 class PresetSystem:
@@ -111,12 +111,12 @@ class PresetSystem:
         self.topts = TranscribeOptions(task=opts.task, language=opts.language, timestamps=False,
                                        decoding=DecodingOptions(temperatures=(0.0,)))
         self.timestamps = opts.timestamps
-        self.info = SystemInfo(preset.name, "preset", preset.model, preset.strategy, preset.dtype)
+        self.info = SystemInfo(preset.name, "preset", preset.model, preset.draft.strategy, preset.dtype)
         self._lang = opts.language or "en"
         self.decode = build_decoder(preset, model, self._lang)
 
     def new_pass(self) -> None:
-        if self.preset.drafter == "pool":
+        if self.preset.draft.learns:
             self.decode = build_decoder(self.preset, self.model, self._lang)
 
     def run(self, clip: Clip, repeat: int, language: str | None) -> Run:

@@ -56,7 +56,7 @@ def _systems(opts: SynthesisBenchOptions) -> tuple[list[SynthesisPreset], str]:
     if opts.baseline:
         base = load_synthesis_preset(opts.baseline)
     else:
-        base = next((p for p in presets if p.strategy == "ar"), None)
+        base = next((p for p in presets if p.draft.strategy == "ar"), None)
         if base is None:
             raise ValueError("no AR preset among --presets: give --baseline")
     if all(p.name != base.name for p in presets):
@@ -134,7 +134,7 @@ def build_synthesis_report(presets: Sequence[SynthesisPreset], baseline: str, ru
         mine = [u for (s, _), u in sorted(utts.items()) if s == p.name]
         tokens = sum(len(u.run.token_ids or ()) for u in mine)
         decode = sum(u.run.stat("decode_seconds") for u in mine)
-        info = SystemInfo(p.name, "preset", p.model, p.strategy)
+        info = SystemInfo(p.name, "preset", p.model, p.draft.strategy)
         summary = {"system": info.name, "model": info.model, "strategy": info.strategy, "sampler": p.sampler,
                    "utterances": len(mine), "tokens": tokens, "wall_seconds": sum(u.run.wall_seconds for u in mine),
                    "tokens_per_second": tokens / decode if decode else None,
@@ -163,7 +163,7 @@ def _stage_stats(mine, base) -> dict:
 
 def _exactness(p: SynthesisPreset, mine, presets: Sequence[SynthesisPreset], utts) -> dict:
     if p.sampler == "greedy":
-        ref = next((q.name for q in presets if q.strategy == "ar" and q.sampler == "greedy" and q.model == p.model
+        ref = next((q.name for q in presets if q.draft.strategy == "ar" and q.sampler == "greedy" and q.model == p.model
                     and q.name != p.name), None)
         if ref is None:
             return {"kind": "greedy: identical tokens vs AR", "reference": None, "identical": 0, "compared": 0}

@@ -14,7 +14,7 @@ def presets() -> None:
     """List the shipped presets."""
     for name in available_presets("transcribe") + available_presets("synthesize"):
         p = load_any_preset(name)
-        click.echo(f"{name}\t{p.model}\t{p.strategy}\t{p.dtype}\t{p.description}")
+        click.echo(f"{name}\t{p.model}\t{p.draft.strategy}\t{p.dtype}\t{p.description}")
 
 
 @click.command()

@@ -142,7 +142,7 @@ def generate_speech(
                                     "aux_layers": list(layers), "aux_convention": "input",
                                     "eos": model.spec.eos, "model_kind": model.spec.kind})
     use_aux_layers(model, layers)
-    synth = Synthesizer(model, SynthesisOptions(options.sampler, options.seed, "none"))
+    synth = Synthesizer(model, SynthesisOptions(options.sampler, options.seed))
     done = _done_keys(manifest)
     todo = [r for r in requests if request_key(r) not in done]
     kept = dropped = failed = tokens = 0

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
-from types import UnionType
-from typing import Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import ClassVar, Literal, TypeVar
 
 from specli.errors import PresetError
 from specli.models.registry import Task, family, family_of_model
+from specli.presets.draft import DRAFT_FIELDS, DraftSpec, check_fields
 
 P = TypeVar("P", bound="PresetBase")  # a preset dataclass (Preset or SynthesisPreset)
 
@@ -19,43 +19,52 @@ P = TypeVar("P", bound="PresetBase")  # a preset dataclass (Preset or SynthesisP
 # the shipped EAGLE-ASR head (lossless: the same text as whisper-base-ar, faster on held-out speech)
 DEFAULT_PRESET = "whisper-eagle-asr"
 
-Strategy = Literal["ar", "chain", "adaptive", "recycling", "sparse-tree", "dynamic-tree"]
-DrafterKind = Literal["none", "pool", "model", "cross-tokenizer", "eagle"]
 DType = Literal["auto", "float32", "bfloat16", "float16", "int8"]  # auto: core.device.auto_dtype; int8: CPU weight-only
-HeadWeights = Literal["auto", "int8", "float"]  # auto: int8 on the CPU, float elsewhere
-DraftLength = Literal["fixed", "goodput"]  # specli.core.goodput
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 @dataclass(frozen=True)
 class PresetBase:
     """What every preset has, and the one validation every preset goes through: each value of its field's
-    type, each ``Literal`` field one of its choices, a registered family, a device spec; then the family's
-    own rules (:meth:`_check`)."""
+    type, each ``Literal`` field one of its choices, a registered family, a device spec, a drafter kind of
+    ``DRAFTERS`` and no speculation setting outside ``DRAFT_KEYS``; then the family's own rules (:meth:`_check`)."""
+
+    DRAFTERS: ClassVar[tuple[str, ...]] = ("none",)  # the drafter kinds this family takes
+    DRAFT_KEYS: ClassVar[frozenset[str]] = frozenset()  # the DraftSpec fields its TOML may set (flat keys)
 
     name: str  # preset name (the TOML file's stem)
     model: str  # the family's model: a bundled name, a directory, a cached hub id
     family: str = "whisper"  # model family (specli.models.registry): which pipeline runs it, how it loads
     description: str = ""  # one line shown by `specli presets`
     device: str = "auto"  # auto (CUDA when available, else CPU), cpu, cuda or cuda:N
+    draft: DraftSpec = DraftSpec()  # drafter and speculation settings (the TOML's flat keys of DRAFT_KEYS)
 
     def __post_init__(self) -> None:
-        self._check_types()
+        try:
+            check_fields(self)
+        except PresetError as exc:
+            raise self.bad(str(exc)) from None
         if not self.model:
-            raise PresetError(f"preset {self.name!r}: 'model' must not be empty")
-        for fname, kind in get_type_hints(type(self)).items():
-            if get_origin(kind) is Literal and getattr(self, fname) not in get_args(kind):
-                raise PresetError(f"preset {self.name!r}: {fname} must be one of {list(get_args(kind))}, "
-                                  f"not {getattr(self, fname)!r}")
+            raise self.bad("'model' must not be empty")
         try:
             own = family(self.family)
         except ValueError as exc:
-            raise PresetError(f"preset {self.name!r}: {exc}") from None
+            raise self.bad(str(exc)) from None
         if own.preset_class() is not type(self):
-            raise PresetError(f"preset {self.name!r}: family {self.family!r} presets are not {type(self).__name__}s")
+            raise self.bad(f"family {self.family!r} presets are not {type(self).__name__}s")
         if not _DEVICE.match(self.device):
-            raise PresetError(f"preset {self.name!r}: device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+            raise self.bad(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+        self._check_draft()
         self._check()
+
+    def _check_draft(self) -> None:
+        """The drafter is one of this family's kinds, and no speculation setting it does not take is set."""
+        if self.draft.drafter not in self.DRAFTERS:
+            raise self.bad(f"drafter must be one of {list(self.DRAFTERS)}, not {self.draft.drafter!r}")
+        default = default_draft(type(self))
+        stray = [k for k in sorted(DRAFT_FIELDS - self.DRAFT_KEYS) if getattr(self.draft, k) != getattr(default, k)]
+        if stray:
+            raise self.bad(f"{stray} are no settings of family {self.family!r} presets")
 
     def _check(self) -> None:
         """The family's own rules (raise PresetError)."""
@@ -64,97 +73,56 @@ class PresetBase:
         """A PresetError naming this preset."""
         return PresetError(f"preset {self.name!r}: {msg}")
 
-    def _check_types(self) -> None:
-        """Each value has its field's annotated type (bool is not an int; an int is taken for a float)."""
-        for fname, kind in get_type_hints(type(self)).items():
-            value = getattr(self, fname)
-            if get_origin(kind) in (Union, UnionType):  # optional values: None or the type
-                if value is None:
-                    continue
-                kind = next(k for k in get_args(kind) if k is not type(None))
-            origin = get_origin(kind)
-            expected = type(get_args(kind)[0]) if origin is Literal else origin or kind
-            if expected is float and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, fname, float(value))
-                continue
-            if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
-                raise PresetError(
-                    f"preset {self.name!r}: {fname} must be {_type_word(expected)}, "
-                    f"not {_type_word(type(value))} ({value!r})"
-                )
+    def with_draft(self: P, **changes: object) -> P:
+        """This preset with some of its speculation settings changed (validated again)."""
+        return replace(self, draft=replace(self.draft, **changes))
 
 
 @dataclass(frozen=True)
 class Preset(PresetBase):
-    """A transcription preset (family ``whisper``): target model, strategy and numeric type."""
+    """A transcription preset (family ``whisper``): target model, numeric type, drafter and strategy."""
 
-    strategy: Strategy = "ar"  # "ar" = plain greedy; the others draft and verify (lossless)
+    # pool = n-gram pool of earlier hypotheses; model / cross-tokenizer: a smaller Whisper; eagle: a trained head
+    DRAFTERS: ClassVar[tuple[str, ...]] = ("none", "pool", "model", "cross-tokenizer", "eagle")
+    DRAFT_KEYS: ClassVar[frozenset[str]] = DRAFT_FIELDS - {"draft_dir"}
+
     dtype: DType = "auto"  # numeric type of the target's weights and activations (auto: by device)
-    drafter: DrafterKind = "none"  # pool = n-gram pool of earlier hypotheses; model / cross-tokenizer / eagle
-    draft_model: str = ""  # the drafter's model, for drafter = model or cross-tokenizer
-    head: str = ""  # eagle: directory or shipped name of a trained Speech-Draft head (`specli distill train`)
-    head_weights: HeadWeights = "auto"  # eagle chain: the head's matrices int8 weight-only, or float (its dtype)
-    max_draft: int = 8  # most draft tokens (tree nodes) per target forward (hard cap 24 for adaptive)
-    # stop drafting in a window whose accepted draft tokens per target forward fall below this (0 = never)
-    stop_drafting_below: float = 0.0
-    # draft length per step: "fixed" = up to max_draft (and the strategy's confidence rule); "goodput" = as many as
-    # maximise expected tokens per second under costs measured in this process (0 included: no drafting)
-    draft_length: DraftLength = "fixed"
-    # batched decoding drafts only while at most this many files are in flight: rows that join beside as many
-    # others, and every row once more are active, decode plainly (0 = no limit; CPU measurements: README)
-    max_draft_rows: int = 0
-    confidence_threshold: float = 0.0  # adaptive, sparse-tree: the chain stops below it; dynamic-tree: min path prob.
-    tree_topk: int = 2  # sparse-tree: alternatives per low-confidence position; dynamic-tree: nodes expanded per level
-    tree_threshold: float = 0.6  # sparse-tree: positions below this drafter probability branch
-    branch_steps: int = 3  # sparse-tree: tokens drafted on from each alternative (SpecASR's second pass; 0 = leaves)
-    tree_depth: int = 5  # dynamic-tree: levels of the EAGLE-2 tree (head forwards per proposal)
-    ngram: int = 4  # pool: longest suffix matched
 
     def _check(self) -> None:
-        bad = self.bad
-        if (self.strategy == "ar") != (self.drafter == "none"):
-            raise bad("strategy 'ar' takes drafter 'none'; every other strategy needs a drafter")
-        if self.drafter in ("model", "cross-tokenizer") and not self.draft_model:
-            raise bad(f"drafter {self.drafter!r} needs 'draft_model'")
-        if (self.drafter == "eagle") != bool(self.head):
+        bad, d = self.bad, self.draft
+        if d.drafter in ("model", "cross-tokenizer") and not d.draft_model:
+            raise bad(f"drafter {d.drafter!r} needs 'draft_model'")
+        if (d.drafter == "eagle") != bool(d.head):
             raise bad("drafter 'eagle' needs 'head', and 'head' is for drafter 'eagle' only")
-        if self.strategy == "adaptive" and (self.drafter == "pool" or self.confidence_threshold <= 0):
+        if d.strategy == "adaptive" and (d.drafter == "pool" or d.confidence_threshold <= 0):
             raise bad("strategy 'adaptive' needs a model drafter and confidence_threshold > 0")
-        if self.strategy == "sparse-tree" and (self.drafter == "pool" or self.tree_topk < 1):
+        if d.strategy == "sparse-tree" and (d.drafter == "pool" or d.tree_topk < 1):
             raise bad("strategy 'sparse-tree' needs a model drafter and tree_topk >= 1")
-        if self.strategy == "dynamic-tree" and (self.drafter != "eagle" or not 1 <= self.tree_topk <= 8
-                                                or not 1 <= self.tree_depth <= 16
-                                                or 1 + self.tree_topk * (self.tree_depth - 1) > 32):
+        if d.strategy == "dynamic-tree" and (d.drafter != "eagle" or not 1 <= d.tree_topk <= 8
+                                             or not 1 <= d.tree_depth <= 16
+                                             or 1 + d.tree_topk * (d.tree_depth - 1) > 32):
             raise bad("strategy 'dynamic-tree' needs drafter 'eagle', tree_topk within 1..8, tree_depth within "
                       "1..16, and 1 + tree_topk * (tree_depth - 1) <= 32 (the head's draft-step cache)")
-        if self.branch_steps < 0:
-            raise bad("branch_steps must be >= 0")
-        if not 1 <= self.max_draft <= 24:
-            raise bad("max_draft must be within 1..24")
-        if not 0.0 <= self.stop_drafting_below < 24:
-            raise bad("stop_drafting_below must be within [0, 24)")
-        if not 0.0 <= self.confidence_threshold < 1.0 or not 0.0 <= self.tree_threshold <= 1.0:
-            raise bad("thresholds must be within [0, 1)")
-        if self.ngram < 1:
-            raise bad("ngram must be >= 1")
-        if self.max_draft_rows < 0:
-            raise bad("max_draft_rows must be >= 0 (0 = no limit)")
 
 
-def _type_word(kind: type) -> str:
-    """The TOML word for a Python type (for messages)."""
-    words = {str: "a string", int: "an integer", float: "a number", bool: "a boolean (true/false)",
-             list: "an array", dict: "a table"}
-    return words.get(kind, kind.__name__)
+def default_draft(cls: type[PresetBase]) -> DraftSpec:
+    """The speculation settings a preset of ``cls`` has where its TOML sets none."""
+    return next(f.default for f in fields(cls) if f.name == "draft")
 
 
 def build_preset(cls: type[P], name: str, data: dict) -> P:
-    """Build the preset dataclass ``cls`` called ``name`` from ``data``, rejecting unknown keys."""
-    known = {f.name for f in fields(cls)} - {"name"}
-    unknown = sorted(set(data) - known)
+    """Build the preset dataclass ``cls`` called ``name`` from the flat table ``data`` (its speculation keys
+    into :class:`DraftSpec`), rejecting unknown keys."""
+    own = {f.name for f in fields(cls)} - {"name", "draft"}
+    unknown = sorted(set(data) - own - cls.DRAFT_KEYS)
     if unknown:
-        raise PresetError(f"preset {name!r}: unknown key(s) {unknown}; known keys are {sorted(known)}")
-    return cls(name=name, **data)
+        raise PresetError(f"preset {name!r}: unknown key(s) {unknown}; known keys are "
+                          f"{sorted(own | cls.DRAFT_KEYS)}")
+    try:
+        draft = replace(default_draft(cls), **{k: v for k, v in data.items() if k in cls.DRAFT_KEYS})
+    except PresetError as exc:
+        raise PresetError(f"preset {name!r}: {exc}") from None
+    return cls(name=name, draft=draft, **{k: v for k, v in data.items() if k in own})
 
 
 def preset_from_dict(name: str, data: dict) -> PresetBase:

@@ -28,6 +28,7 @@ from specli.io.outputs import mirrored_bases, path_tag
 from specli.io.resume import ResumeMode, decide, file_fingerprint, read_sidecar, sidecar_path, write_sidecar
 from specli.models.cosyvoice.lm import CosyVoiceModel, lm_fingerprint
 from specli.core.drafters.llm.loading import resolve_drafter_dir
+from specli.presets.draft import llm_draft_options
 from specli.tts.synthesis import SynthesisInputError, SynthesisOptions, SynthesisRequest, SynthesisResult, Synthesizer
 
 
@@ -224,15 +225,16 @@ def model_settings(model: CosyVoiceModel) -> dict:
 
 def _drafter_settings(opts: SynthesisOptions) -> dict:
     """The drafter and its strategy; a drafter directory by where it resolves and its weights' content."""
-    if opts.drafter == "none":
+    spec = opts.draft
+    if spec.drafter == "none":
         return {"kind": "none"}
-    settings: dict = {"kind": opts.drafter, "max_draft": opts.max_draft}
-    if opts.drafter == "pool":
-        settings["ngram"] = opts.ngram
+    settings: dict = {"kind": spec.drafter, "max_draft": spec.max_draft}
+    if spec.learns:  # the n-gram pool: no weights
+        settings["ngram"] = spec.ngram
     else:
-        where = resolve_drafter_dir(opts.draft_dir)
+        where = resolve_drafter_dir(spec.draft_dir)
         files = [where / "config.json", *sorted(where.glob("*.safetensors"))]  # what loading it reads
-        settings.update(dir=str(where.resolve()), options=asdict(opts.draft_options),
+        settings.update(dir=str(where.resolve()), options=asdict(llm_draft_options(spec)),
                         files={f.name: content_fingerprint(f) for f in files})
     return settings
 

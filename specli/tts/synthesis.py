@@ -29,27 +29,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 
 from specli.core.batched import RowJob, decode_all
 from specli.core.drafters.base import Drafter, finish_window
 from specli.core.drafters.batched import batch_drafter
-from specli.core.drafters.ngram import NgramDrafter, NgramPool
+from specli.core.drafters.registry import DRAFTERS
 from specli.core.greedy import greedy_decode
 from specli.core.job import DecodeJob
 from specli.core.device import resolve_device
 from specli.core.sampling import SamplerOptions, build_sampler, default_options, request_generator
 from specli.core.speculative import SpecOptions, speculative_decode
-from specli.core.drafters.llm.loading import SpeechDraftOptions, load_drafter
 from specli.models.cosyvoice.lm import CosyVoiceModel
-from specli.models.cosyvoice.voices import shipped_part
 from specli.models.registry import family
 from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT, TextTokenizerError
 from specli.core.types import DecodeResult, DecodeStats, accumulate
 from specli.errors import SpecliError
-from specli.presets.synthesis import SynthesisPreset
+from specli.presets.draft import DraftSpec
+from specli.presets.synthesis import SYNTHESIS_DRAFT, SynthesisPreset
+from specli.tts import drafters  # registers the synthesis drafter kinds
 from specli.tts.split import Unsplittable, split_to_fit
 
 
@@ -94,33 +93,20 @@ class SynthesisOptions:
 
     sampler: SamplerOptions = SamplerOptions("ras")  # ras / vllm / greedy and their settings
     seed: int = 0  # run seed; each request's generator is seeded from (seed, request id)
-    drafter: str = "none"  # none = plain AR; pool = n-gram pool over earlier outputs (chain); dspark / dflash /
-    # eagle3 = that kind of drafter from draft_dir; model = any drafter directory (kind read from its config)
-    max_draft: int = 8  # most draft tokens per target forward
-    ngram: int = 4  # pool: longest suffix matched
-    # dspark / dflash / eagle3 / model: drafter directory, a drafter shipped beside a voice (``specli-en/dflash``)
-    # or a name under $SPECLI_MODELS_DIR
-    draft_dir: str = ""
-    draft_options: SpeechDraftOptions = SpeechDraftOptions()  # their strategy (chain, adaptive, trees, recycling)
-    # batched synthesis drafts only while at most this many requests are in flight (0 = no limit): on the CPU a
-    # drafted batched step is dearer than a plain one (docs/benchmarks/voice-speculative-tree)
-    max_draft_rows: int = 0
+    # the drafter (a kind of specli.tts.drafters: none = plain AR, pool, dspark / dflash / eagle3 / model from
+    # draft_dir) and its strategy, max_draft, ngram and max_draft_rows (batched synthesis drafts only while at
+    # most that many requests are in flight; on the CPU a drafted batched step is dearer than a plain one:
+    # docs/benchmarks/voice-speculative-tree)
+    draft: DraftSpec = SYNTHESIS_DRAFT
     split: bool = False  # a request too long for the model is spoken in sentence / clause / word pieces (joined);
     # False: it fails as too long
 
     def __post_init__(self) -> None:
-        if self.drafter not in ("none", "pool", "dspark", "dflash", "eagle3", "model"):
-            raise ValueError(f"unknown synthesis drafter {self.drafter!r} (none, pool, dspark, dflash, eagle3, model)")
-        if self.drafter not in ("none", "pool") and not self.draft_dir:
-            raise ValueError(f"drafter {self.drafter!r} needs a drafter directory")
-        if not 1 <= self.max_draft <= 64 or self.ngram < 1:
-            raise ValueError("max_draft must be within 1..64 and ngram >= 1")
-        if self.max_draft_rows < 0:
-            raise ValueError("max_draft_rows must be >= 0 (0 = no limit)")
+        drafters.check_draft(self.draft)
 
     def spec_options(self) -> SpecOptions:
         """The speculation settings of every decode (single or batched)."""
-        return SpecOptions(max_draft=self.max_draft, max_draft_rows=self.max_draft_rows or None)
+        return SpecOptions(max_draft=self.draft.max_draft, max_draft_rows=self.draft.max_draft_rows or None)
 
 
 @dataclass(frozen=True)
@@ -183,34 +169,14 @@ def prepare(model: CosyVoiceModel, request: SynthesisRequest) -> PreparedRequest
     return PreparedRequest(prompt, len(text), min_len, max_len)
 
 
-class OwnTokensDrafter(NgramDrafter):
-    """The n-gram drafter over the request's own tokens only: each ``start`` begins with an empty pool, so a
-    request's drafts (and so its sampled tokens) do not depend on the requests decoded before it."""
-
-    def fork(self) -> OwnTokensDrafter:
-        return OwnTokensDrafter(NgramPool(self.pool.max_ngram), self.eot, self.min_ngram)
-
-    def start(self, state, prompt: list[int]) -> None:
-        super().start(state, prompt)
-        self.pool = NgramPool(self.pool.max_ngram)
-
-
 class Synthesizer:
     """A loaded CosyVoice LM, its sampler and (optionally) a drafter, reused across requests."""
 
     def __init__(self, model: CosyVoiceModel, options: SynthesisOptions = SynthesisOptions()) -> None:
         self.model, self.options = model, options
-        eos = model.spec.eos
-        self.drafter: Drafter | None = None
-        if options.drafter == "pool":  # sampled: each request drafts from its own tokens (see the module doc)
-            pool = NgramPool(options.ngram)
-            self.drafter = NgramDrafter(pool, eos) if options.sampler.greedy else OwnTokensDrafter(pool, eos)
-        elif options.drafter != "none":  # loads the drafter and attaches its layers to the LM
-            kind = None if options.drafter == "model" else options.drafter
-            local = Path(options.draft_dir).expanduser().is_dir()  # a directory by that path comes first
-            shipped = None if local else shipped_part(options.draft_dir)
-            where = options.draft_dir if shipped is None else str(shipped)
-            self.drafter = load_drafter(where, model.lm, options.draft_options, kind)
+        spec = options.draft  # a sampled pool drafts from each request's own tokens (see the module doc)
+        self.drafter: Drafter | None = None if spec.drafter == "none" else DRAFTERS.build(
+            drafters.TASK, spec.drafter, model, spec, greedy=options.sampler.greedy)
 
     def _job(self, request: SynthesisRequest, prep: PreparedRequest, device: torch.device) -> DecodeJob:
         """The decode of one prepared request: its sampler's rules and parameters, its own generator."""
@@ -371,12 +337,4 @@ def build_synthesizer(preset: SynthesisPreset, loaded: CosyVoiceModel, draft: st
     pick = lambda cli, pre: cli if cli is not None else (pre if own else None)  # noqa: E731
     opts = sampler_options(name, loaded, pick(temperature, preset.temperature), pick(top_p, preset.top_p),
                            pick(top_k, preset.top_k), pick(repetition_penalty, preset.repetition_penalty))
-    drafter, draft_dir = draft or preset.drafter, preset.draft_dir
-    if drafter not in ("none", "pool", "dspark", "dflash", "eagle3"):  # --draft DIR: a drafter directory or name
-        drafter, draft_dir = "model", drafter
-    model_drafter = drafter not in ("none", "pool")
-    strategy = preset.strategy if preset.strategy not in ("ar", "chain") and model_drafter else "chain"
-    dopts = SpeechDraftOptions(strategy, preset.confidence_threshold, preset.tree_topk, preset.tree_threshold,
-                               preset.tree_depth)
-    return Synthesizer(loaded, SynthesisOptions(opts, seed, drafter, preset.max_draft, preset.ngram, draft_dir, dopts,
-                                                preset.max_draft_rows, split=True))
+    return Synthesizer(loaded, SynthesisOptions(opts, seed, drafters.run_draft(preset.draft, draft), split=True))

@@ -216,7 +216,7 @@ def cuda_models():
 def _speculative_presets():
     from specli.presets import available_presets, load_preset
 
-    return [n for n in available_presets() if load_preset(n).strategy != "ar" and load_preset(n).family == "whisper"]
+    return [n for n in available_presets() if load_preset(n).draft.strategy != "ar" and load_preset(n).family == "whisper"]
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from specli.models.whisper.loader import load_whisper
 from specli.presets import Preset, available_presets, load_preset
 
 # the Whisper presets (real bundled weights); the audio-LLM presets are checked on tiny models (test_qwen2_audio*)
-SPECULATIVE = [n for n in available_presets() if load_preset(n).strategy != "ar" and load_preset(n).family == "whisper"]
+SPECULATIVE = [n for n in available_presets() if load_preset(n).draft.strategy != "ar" and load_preset(n).family == "whisper"]
 # float32: per model (base's third, Spanish, clip only for the pool, which draws on what it has seen)
 FP32_CLIPS = {"whisper-base": [EN_CLIPS[0], EN_CLIPS[4], ES_CLIPS[0]], "whisper-tiny.en": [EN_CLIPS[1], EN_CLIPS[3]]}
 # int8: two bundled clips, read speech (pocketsphinx-testdata) and a telephone prompt (asterisk-core-sounds-en),

@@ -247,7 +247,7 @@ def evaluate(val_dirs, preset_name, head, windows, max_draft, dtype) -> None:
     if is_speech_preset(preset_name):
         raise click.UsageError(f"distill eval measures EAGLE heads of Whisper presets; {preset_name!r} is a "
                                "synthesis preset")
-    head = head or load_preset(preset_name).head
+    head = head or load_preset(preset_name).draft.head
     if not head:
         raise click.UsageError(f"preset {preset_name!r} has no EAGLE head: give --head")
     model = _load_target(preset_name, dtype)

@@ -89,7 +89,7 @@ def test_a_preset_built_in_code_keeps_to_its_family_keys() -> None:
 def test_every_preset_drafter_kind_is_registered_by_its_pipeline() -> None:
     for fam in FAMILIES.values():
         cls = fam.preset_class()
-        assert set(cls.DRAFTERS) - {"none"} <= set(DRAFTERS.kinds(fam.task)), (fam.name, DRAFTERS.kinds(fam.task))
+        assert set(cls.DRAFTER_KINDS) - {"none"} <= set(DRAFTERS.kinds(fam.task)), (fam.name, DRAFTERS.kinds(fam.task))
         assert cls.DRAFT_KEYS <= DRAFT_FIELDS
 
 

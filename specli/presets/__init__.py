@@ -27,9 +27,10 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 class PresetBase:
     """What every preset has, and the one validation every preset goes through: each value of its field's
     type, each ``Literal`` field one of its choices, a registered family, a device spec, a drafter kind of
-    ``DRAFTERS`` and no speculation setting outside ``DRAFT_KEYS``; then the family's own rules (:meth:`_check`)."""
+    ``DRAFTER_KINDS`` and no speculation setting outside ``DRAFT_KEYS``; then the family's own rules
+    (:meth:`_check`)."""
 
-    DRAFTERS: ClassVar[tuple[str, ...]] = ("none",)  # the drafter kinds this family takes
+    DRAFTER_KINDS: ClassVar[tuple[str, ...]] = ("none",)  # the drafter kinds this family takes
     DRAFT_KEYS: ClassVar[frozenset[str]] = frozenset()  # the DraftSpec fields its TOML may set (flat keys)
 
     name: str  # preset name (the TOML file's stem)
@@ -59,8 +60,8 @@ class PresetBase:
 
     def _check_draft(self) -> None:
         """The drafter is one of this family's kinds, and no speculation setting it does not take is set."""
-        if self.draft.drafter not in self.DRAFTERS:
-            raise self.bad(f"drafter must be one of {list(self.DRAFTERS)}, not {self.draft.drafter!r}")
+        if self.draft.drafter not in self.DRAFTER_KINDS:
+            raise self.bad(f"drafter must be one of {list(self.DRAFTER_KINDS)}, not {self.draft.drafter!r}")
         default = default_draft(type(self))
         stray = [k for k in sorted(DRAFT_FIELDS - self.DRAFT_KEYS) if getattr(self.draft, k) != getattr(default, k)]
         if stray:
@@ -83,7 +84,7 @@ class Preset(PresetBase):
     """A transcription preset (family ``whisper``): target model, numeric type, drafter and strategy."""
 
     # pool = n-gram pool of earlier hypotheses; model / cross-tokenizer: a smaller Whisper; eagle: a trained head
-    DRAFTERS: ClassVar[tuple[str, ...]] = ("none", "pool", "model", "cross-tokenizer", "eagle")
+    DRAFTER_KINDS: ClassVar[tuple[str, ...]] = ("none", "pool", "model", "cross-tokenizer", "eagle")
     DRAFT_KEYS: ClassVar[frozenset[str]] = DRAFT_FIELDS - {"draft_dir"}
 
     dtype: DType = "auto"  # numeric type of the target's weights and activations (auto: by device)

@@ -17,7 +17,7 @@ class AudioLLMPreset(Preset):
     """A transcription preset whose target is an audio LLM (decoder-only LM over audio embeddings)."""
 
     # pool = n-gram pool of earlier windows; eagle3 / dflash: trained drafters (draft_dir)
-    DRAFTERS: ClassVar[tuple[str, ...]] = ("none", "pool", "eagle3", "dflash")
+    DRAFTER_KINDS: ClassVar[tuple[str, ...]] = ("none", "pool", "eagle3", "dflash")
     # Whisper's drafters' settings (a smaller model, a head and its weights, sparse-tree branches) are not taken
     DRAFT_KEYS: ClassVar[frozenset[str]] = DRAFT_FIELDS - {"draft_model", "head", "head_weights", "branch_steps"}
 

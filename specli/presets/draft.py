@@ -2,7 +2,7 @@
 
 A preset TOML keeps its speculation settings as flat top-level keys (``strategy = "chain"``, ``drafter = "pool"``,
 ``max_draft = 8``...); each is the :class:`DraftSpec` field of the same name. A preset class says which of them its
-family takes (``DRAFT_KEYS``) and which drafter kinds (``DRAFTERS``, each registered by its pipeline in
+family takes (``DRAFT_KEYS``) and which drafter kinds (``DRAFTER_KINDS``, each registered by its pipeline in
 :data:`specli.core.drafters.registry.DRAFTERS`); the rules of one kind (what it needs) stay with the preset class.
 This module also holds the one field check every preset value goes through (:func:`check_fields`).
 """

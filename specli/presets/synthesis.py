@@ -22,7 +22,7 @@ class SynthesisPreset(PresetBase):
     """A synthesis preset (family ``cosyvoice``): text -> speech-token LM, sampler and drafter."""
 
     # pool = n-gram pool over earlier outputs; dspark / dflash / eagle3: trained drafters (draft_dir)
-    DRAFTERS: ClassVar[tuple[str, ...]] = ("none", "pool", "dspark", "dflash", "eagle3")
+    DRAFTER_KINDS: ClassVar[tuple[str, ...]] = ("none", "pool", "dspark", "dflash", "eagle3")
     DRAFT_KEYS: ClassVar[frozenset[str]] = frozenset({
         "strategy", "drafter", "draft_dir", "confidence_threshold", "tree_topk", "tree_threshold", "tree_depth",
         "max_draft", "max_draft_rows", "ngram"})

@@ -70,7 +70,7 @@ def run_draft(spec: DraftSpec, draft: str | None = None) -> DraftSpec:
     CLI's ``--draft``: none, pool, a preset drafter kind, else a drafter directory or name, kind ``model``).
     The pool and a drafter given for an ``ar`` preset chain; the trees and adaptive are for trained drafters."""
     kind, where = draft or spec.drafter, spec.draft_dir
-    if kind not in SynthesisPreset.DRAFTERS:
+    if kind not in SynthesisPreset.DRAFTER_KINDS:
         kind, where = "model", kind
     if kind == "none":
         return replace(spec, strategy="ar", drafter="none", draft_dir=where)

@@ -332,7 +332,7 @@ def test_unreadable_or_shallow_checkpoints(models, tmp_path):
     with pytest.raises(ModelLoadError, match=r"model\.safetensors: cannot read the weights"):
         load_drafter(str(tmp_path / "e"), qwen2)
     (tmp_path / "e" / "model.safetensors").unlink()
-    with pytest.raises(ModelLoadError, match=r"needs config\.json and \*\.safetensors"):
+    with pytest.raises(ModelLoadError, match=r"e is not a drafter directory: missing \*\.safetensors \(SpecForge: or pytorch_model\.bin\)"):
         load_drafter(str(tmp_path / "e"), qwen2)
     write_specforge(tmp_path / "f", omni)  # no eagle_config: [1, 0, -1] on a 3-block target
     omni.lm.aux_layers = ()

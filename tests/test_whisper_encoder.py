@@ -89,8 +89,8 @@ def test_float32_encoder_equals_the_separate_ops(tiny, threads: int) -> None:
 
 
 ONE_EACH = {"qkv": EncoderFusions(True, False, False, False), "gelu": EncoderFusions(False, True, False, False),
-            "residual": EncoderFusions(False, False, True, False), "conv_stem": EncoderFusions(False, False, False, True),
-            "all": EncoderFusions(True, True, True, True)}
+            "residual": EncoderFusions(False, False, True, False),
+            "conv_stem": EncoderFusions(False, False, False, True), "all": EncoderFusions(True, True, True, True)}
 
 
 @needs_bf16

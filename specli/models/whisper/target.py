@@ -160,7 +160,7 @@ class WhisperTarget:
         w = {k: (v.to(self.device, cdt) if v.is_floating_point() else v.to(self.device)) for k, v in weights.items()}
         # int8: quantised from the float32 weights (not from their compute-dtype rounding)
         raw = {k: v.to(self.device) for k, v in weights.items()} if dtype == torch.int8 else None
-        # bf16 on the CPU: fused q/k/v GEMM, oneDNN post-ops, fused conv stem; float32: the separate ops
+        # which fusions run: EncoderFusions.for_dtype (all in bf16; float32 only those that keep its bits)
         self.encoder = WhisperEncoder(w, dims.encoder_layers, dims.encoder_heads, cdt,
                                       EncoderFusions.for_dtype(cdt, self.device))
         self.embed = w["model.decoder.embed_tokens.weight"]  # [vocab, d]

@@ -8,6 +8,8 @@ of a 1-thread run is the steadier measure (other processes stretch wall time, no
 alone, to see which keep its bits), ``--attention`` the candidate bf16 attention kernels::
 
     python benchmarks/whisper_encoder_ab.py --before cee3496 --threads 1,2 --repeat 9 --variants --attention
+    python benchmarks/whisper_encoder_ab.py --before cee3496 --dtypes bfloat16 \
+        --manifest docs/benchmarks/dtype-bf16/manifest.tsv   # transcripts before / after, WER
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from whisper_decode_ab import _specli_modules, _use  # noqa: E402
+from whisper_decode_ab import _side, _specli_modules, _use  # noqa: E402
 
+from specli.bench.wer import error_counts  # noqa: E402
 from specli.io.audio import load_audio, window_features  # noqa: E402
 from specli.models.whisper.encoder import SEPARATE, EncoderFusions, WhisperEncoder  # noqa: E402
 from specli.models.whisper.resolve import resolve_model  # noqa: E402
@@ -156,6 +159,29 @@ def attention_variants(t: WhisperTarget, threads: int, repeat: int) -> None:
         print(f"| {name} | {statistics.median(cpu[name]) * 1e3:.1f} | {float((fn().float() - ref).abs().max()):.2g} |")
 
 
+def transcripts(manifest: Path, old_root: Path, dtype: str) -> None:
+    """The clips of ``manifest`` (``path<TAB>reference`` lines) through whisper-base-ar at ``dtype`` before and
+    after, and float32 after: identical texts and WER against the references and against float32."""
+    torch.set_num_threads(1)
+    rows = [line.split("\t", 1) for line in manifest.read_text().splitlines() if line.strip()]
+    files, refs = [Path(f) for f, _ in rows], [r for _, r in rows]
+    texts = {name: _side(root, dt)(files)[1] for name, root, dt in
+             (("before", old_root, dtype), ("after", REPO, dtype), ("float32", REPO, "float32"))}
+    print(f"\n{len(files)} clips of {manifest}, whisper-base-ar, greedy, 1 thread")
+    print(f"| {dtype} | texts equal to before | equal to float32 | WER vs references | WER vs float32 |")
+    print("|---|---|---|---|---|")
+    for name in ("before", "after"):
+        hyp = texts[name]
+        ref_err = sum((error_counts(r, h) for r, h in zip(refs, hyp)), error_counts("", ""))
+        f32_err = sum((error_counts(r, h) for r, h in zip(texts["float32"], hyp)), error_counts("", ""))
+        print(f"| {name} | {sum(a == b for a, b in zip(hyp, texts['before']))}/{len(files)} "
+              f"| {sum(a == b for a, b in zip(hyp, texts['float32']))}/{len(files)} "
+              f"| {100 * ref_err.wer:.2f}% | {100 * f32_err.wer:.2f}% |")
+    for f, a, b in zip(files, texts["before"], texts["after"]):
+        if a != b:
+            print(f"{f.name}: before {a!r}\n{' ' * len(f.name)}  after  {b!r}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", required=True, help="git revision of the 'before' code")
@@ -165,10 +191,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--variants", action="store_true", help="also one fusion at a time")
     ap.add_argument("--attention", action="store_true", help="also time the bf16 attention kernels")
+    ap.add_argument("--manifest", type=Path, help="only compare transcripts of these clips (path<TAB>reference)")
     args = ap.parse_args()
     path = resolve_model(args.model)
     with tempfile.TemporaryDirectory() as tmp:
         old_cls = _old_target_class(args.before, Path(tmp))
+        if args.manifest:
+            for dtype in args.dtypes.split(","):
+                transcripts(args.manifest, Path(tmp), dtype)
+            return
         for threads in (int(t) for t in args.threads.split(",")):
             for dtype in args.dtypes.split(","):
                 run(old_cls, path, dtype, threads, args.repeat, args.variants)

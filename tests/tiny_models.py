@@ -17,17 +17,25 @@ EOT, SOT, NO_TS, TB = 2, 3, 4, 36  # ids of the control tokens; 36.. are timesta
 SUPPRESSED = 5
 
 
-def tiny_target(seed: int, layers: int = 2, init_std: float = 0.3, dtype: torch.dtype = torch.float32,
-                device: str = "cpu") -> WhisperTarget:
+def tiny_weights(seed: int, layers: int = 2, init_std: float = 0.3, d_model: int = 32, heads: int = 2,
+                 encoder_layers: int = 1) -> tuple[dict[str, torch.Tensor], WhisperDims]:
+    """A random Whisper's Hugging Face state dict and dims (``d_model``-wide, FFN 2x, ``heads`` heads)."""
     torch.manual_seed(seed)
     cfg = transformers.WhisperConfig(
-        vocab_size=VOCAB, num_mel_bins=80, d_model=32, encoder_layers=1, encoder_attention_heads=2,
-        decoder_layers=layers, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        max_source_positions=1500, max_target_positions=96, pad_token_id=0, bos_token_id=1,
-        eos_token_id=EOT, decoder_start_token_id=SOT, init_std=init_std,
+        vocab_size=VOCAB, num_mel_bins=80, d_model=d_model, encoder_layers=encoder_layers,
+        encoder_attention_heads=heads, decoder_layers=layers, decoder_attention_heads=heads,
+        encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model, max_source_positions=1500,
+        max_target_positions=96, pad_token_id=0, bos_token_id=1, eos_token_id=EOT, decoder_start_token_id=SOT,
+        init_std=init_std,
     )
     hf = transformers.WhisperForConditionalGeneration(cfg).eval()
-    return WhisperTarget(WhisperDims.from_hf_config(cfg.to_dict()), hf.state_dict(), dtype, device)
+    return hf.state_dict(), WhisperDims.from_hf_config(cfg.to_dict())
+
+
+def tiny_target(seed: int, layers: int = 2, init_std: float = 0.3, dtype: torch.dtype = torch.float32,
+                device: str = "cpu") -> WhisperTarget:
+    weights, dims = tiny_weights(seed, layers, init_std)
+    return WhisperTarget(dims, weights, dtype, device)
 
 
 def tiny_rules(timestamps: bool = False) -> WhisperLogitRules:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
+    from specli.models.whisper.encoder import EncoderBlock
     from specli.models.whisper.target import WhisperTarget
 
 
@@ -29,13 +30,10 @@ def _frozen(x: torch.Tensor | None) -> nn.Parameter | None:
 
 
 class _EncoderLayer(nn.Module):
-    def __init__(self, blk) -> None:
+    def __init__(self, blk: EncoderBlock) -> None:
         super().__init__()
-        a = blk.self_attn
-        self.q_w, self.q_b = _frozen(a["q"].weight), _frozen(a["q"].bias)
-        self.k_w, self.k_b = _frozen(a["k"].weight), _frozen(a["k"].bias)
-        self.v_w, self.v_b = _frozen(a["v"].weight), _frozen(a["v"].bias)
-        self.o_w, self.o_b = _frozen(a["out"].weight), _frozen(a["out"].bias)
+        self.qkv_w, self.qkv_b = (_frozen(t) for t in blk.qkv_weight())  # q, k, v as one GEMM
+        self.o_w, self.o_b = _frozen(blk.out.weight), _frozen(blk.out.bias)
         self.fc1_w, self.fc1_b = _frozen(blk.fc1.weight), _frozen(blk.fc1.bias)
         self.fc2_w, self.fc2_b = _frozen(blk.fc2.weight), _frozen(blk.fc2.bias)
         self.ln1_w, self.ln1_b = _frozen(blk.self_ln[0]), _frozen(blk.self_ln[1])
@@ -44,8 +42,7 @@ class _EncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, A, d] -> [B, A, d]
         b, n, d = x.shape
         h = F.layer_norm(x, (d,), self.ln1_w, self.ln1_b)
-        q, k, v = (F.linear(h, w, bias).view(b, n, heads, d // heads).transpose(1, 2)
-                   for w, bias in ((self.q_w, self.q_b), (self.k_w, self.k_b), (self.v_w, self.v_b)))
+        q, k, v = F.linear(h, self.qkv_w, self.qkv_b).view(b, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
         att = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
         x = x + F.linear(att, self.o_w, self.o_b)
         h = F.layer_norm(x, (d,), self.ln2_w, self.ln2_b)
@@ -58,11 +55,12 @@ class EncoderModule(nn.Module):
     def __init__(self, target: WhisperTarget) -> None:
         super().__init__()
         self.heads = target.dims.encoder_heads
-        self.conv1_w, self.conv1_b = (_frozen(t) for t in target.conv1)
-        self.conv2_w, self.conv2_b = (_frozen(t) for t in target.conv2)
-        self.pos = _frozen(target.enc_pos)
-        self.layers = nn.ModuleList(_EncoderLayer(blk) for blk in target.enc_blocks)
-        self.ln_w, self.ln_b = (_frozen(t) for t in target.enc_ln)
+        enc = target.encoder
+        self.conv1_w, self.conv1_b = (_frozen(t) for t in enc.conv1)
+        self.conv2_w, self.conv2_b = (_frozen(t) for t in enc.conv2)
+        self.pos = _frozen(enc.pos)
+        self.layers = nn.ModuleList(_EncoderLayer(blk) for blk in enc.blocks)
+        self.ln_w, self.ln_b = (_frozen(t) for t in enc.ln)
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         x = F.gelu(F.conv1d(mel, self.conv1_w, self.conv1_b, padding=1))

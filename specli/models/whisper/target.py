@@ -25,6 +25,8 @@ from specli.core.device import activation_dtype
 from specli.core.kv_cache import KVCache, RaggedKVCache, RowPlan, attend_by_rows, row_plan
 from specli.core.types import HiddenStates, ScoreOutput
 from specli.models.whisper.compiled import CompiledEncoder, compile_encoder
+from specli.models.whisper.encoder import EncoderFusions, WhisperEncoder
+from specli.models.whisper.encoder import merge_heads as _merge_heads, split_heads as _split_heads
 from specli.models.layers import Int8Linear, Linear, cross_attention, cross_kv_dtype, layer_norm
 
 N_FRAMES = 3000  # mel frames in one 30-second window
@@ -137,16 +139,6 @@ class _Block:
         return x + self.fc2(F.gelu(self.fc1(layer_norm(x, self.final_ln))))
 
 
-def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    b, n, d = x.shape
-    return x.view(b, n, heads, d // heads).transpose(1, 2)  # [B, H, n, D]
-
-
-def _merge_heads(x: torch.Tensor) -> torch.Tensor:
-    b, h, n, d = x.shape
-    return x.transpose(1, 2).reshape(b, n, h * d)
-
-
 class WhisperTarget:
     """Whisper encoder + cached decoder. Stateless apart from its weights.
 
@@ -168,11 +160,9 @@ class WhisperTarget:
         w = {k: (v.to(self.device, cdt) if v.is_floating_point() else v.to(self.device)) for k, v in weights.items()}
         # int8: quantised from the float32 weights (not from their compute-dtype rounding)
         raw = {k: v.to(self.device) for k, v in weights.items()} if dtype == torch.int8 else None
-        self.conv1 = (w["model.encoder.conv1.weight"], w["model.encoder.conv1.bias"])
-        self.conv2 = (w["model.encoder.conv2.weight"], w["model.encoder.conv2.bias"])
-        self.enc_pos = w["model.encoder.embed_positions.weight"]  # [audio_ctx, d]
-        self.enc_blocks = [_Block(w, f"model.encoder.layers.{i}", cdt, False) for i in range(dims.encoder_layers)]
-        self.enc_ln = (w["model.encoder.layer_norm.weight"], w["model.encoder.layer_norm.bias"])
+        # which fusions run: EncoderFusions.for_dtype (all in bf16; float32 only those that keep its bits)
+        self.encoder = WhisperEncoder(w, dims.encoder_layers, dims.encoder_heads, cdt,
+                                      EncoderFusions.for_dtype(cdt, self.device))
         self.embed = w["model.decoder.embed_tokens.weight"]  # [vocab, d]
         self.dec_pos = w["model.decoder.embed_positions.weight"]  # [text_ctx, d]
         self.dec_blocks = [_Block(w, f"model.decoder.layers.{i}", cdt, True, raw) for i in range(dims.decoder_layers)]
@@ -205,17 +195,7 @@ class WhisperTarget:
         frames, the encode contract of ``specli.asr``) is not read: Whisper sees the padded window, as trained."""
         if self.compiled_encoder is not None:
             return self.compiled_encoder.fn(mel.to(self.device, self.compute_dtype))
-        x = F.gelu(F.conv1d(mel.to(self.device, self.compute_dtype), *self.conv1, padding=1))
-        x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1))
-        x = x.transpose(1, 2) + self.enc_pos[: x.shape[2]]
-        heads = self.dims.encoder_heads
-        for blk in self.enc_blocks:
-            h = layer_norm(x, blk.self_ln)
-            a = blk.self_attn
-            q, k, v = (_split_heads(a[n](h), heads) for n in ("q", "k", "v"))
-            x = x + a["out"](_merge_heads(F.scaled_dot_product_attention(q, k, v)))
-            x = blk.mlp(x)
-        return layer_norm(x, self.enc_ln)
+        return self.encoder(mel.to(self.device, self.compute_dtype))
 
     @torch.inference_mode()
     def start(

@@ -10,7 +10,9 @@ token), then every :meth:`BatchDecoder.step` is ONE target forward over the acti
   with its pending token at its own position and masked, and its padding K/V is never kept);
 * each row's logits go through the one logit filter with that row's rules, sampling parameters and
   generator, and are verified on their own (:func:`~specli.core.speculative.accept_draft`, the
-  same code as batch-1 speculative decoding); eot inside an accepted prefix ends the row;
+  same code as batch-1 speculative decoding); greedy rows without a draft (every row of batched plain
+  decoding) are filtered and chosen together instead, ``[B, vocab]`` per set of equal rules, with one readback
+  for all of them (the same row-wise operations as batch 1); eot inside an accepted prefix ends the row;
 * a row keeps its accepted path in the cache (its own length moves; rejected K/V stays, masked);
 * finished rows leave: the last active row is copied into the hole (one row's cache and context,
   once), so the active rows stay ``[0, B)`` and no step gathers rows.
@@ -23,9 +25,8 @@ matrix products flip a near-tie between the top two logits (tests/test_batched.p
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
@@ -34,8 +35,8 @@ import torch.nn.functional as F
 from specli.core.device import host_to_device
 from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest
 from specli.core.drafters.batched import BatchDrafter
-from specli.core.job import DecodeJob, prefill, probe_at
-from specli.core.logits import filter_logits
+from specli.core.job import DecodeJob, Probe, prefill, probe_at
+from specli.core.logits import LogitFilter
 from specli.core.goodput import GoodputController
 from specli.core.speculative import SpecOptions, accept_draft, chain_of, commit_emitted, draft_room
 from specli.core.tree import depths, tree_inputs
@@ -57,7 +58,7 @@ class _Row:
 
     row: RowJob
     tokens: list[int]  # prompt + sampled, the pending token last
-    filt: partial  # filter_logits with this row's rules and sampling parameters
+    filt: LogitFilter  # filter_logits with this row's rules and sampling parameters
     gen: torch.Generator | None
     stats: DecodeStats = field(default_factory=DecodeStats)
     hidden: HiddenStates | None = None  # target states of the row's last verified positions [1, m, d]
@@ -116,8 +117,7 @@ class BatchDecoder:
         if len(job.prompt) + job.max_new_tokens > cache.max_len:
             raise ValueError(f"prompt ({len(job.prompt)}) + max_new_tokens ({job.max_new_tokens}) exceed the "
                              f"{cache.max_len} positions of a row")
-        row = _Row(row_job, list(job.prompt), partial(filter_logits, rules=job.rules, params=job.sampling),
-                   job.generator)
+        row = _Row(row_job, list(job.prompt), LogitFilter(job.rules, job.sampling), job.generator)
         if self.options.costs is not None:
             row.ctrl = GoodputController(self.options.costs)
         slot = len(self.rows)
@@ -145,8 +145,12 @@ class BatchDecoder:
         t1 = time.perf_counter()
         out = self.target.score(self.state, *_batch_inputs(self.rows, proposals, self.state.cache.lengths,
                                                            self.state.cache.device))
+        plain = [b for b, (row, p) in enumerate(zip(self.rows, proposals)) if not len(p) and row.job.sampling.greedy]
+        if plain:
+            self._accept_plain(plain, out)
         for b, (row, proposal) in enumerate(zip(self.rows, proposals)):
-            self._accept(b, row, proposal, out)
+            if b not in plain:
+                self._accept(b, row, proposal, out)
         t2 = time.perf_counter()
         if self.drafter is not None:
             for b, row in enumerate(self.rows):
@@ -196,13 +200,40 @@ class BatchDecoder:
 
     def _accept(self, b: int, row: _Row, proposal: DraftProposal, out) -> None:
         """Verify row ``b``'s draft against its rows of ``out`` and commit what it accepts."""
-        job, cache, n = row.job, self.state.cache, len(proposal)
-        plen, start = len(job.prompt), cache.lengths[b]
+        n, plen = len(proposal), len(row.job.prompt)
         kept, emitted, logprobs = accept_draft(out.logits[b, : n + 1], row.tokens[plen:], proposal, row.filt,
-                                               job.sampling, row.gen, self.options.verify_backend)
-        cache.keep(b, start, [start] + [start + 1 + i for i in kept])
+                                               row.job.sampling, row.gen, self.options.verify_backend)
         if row.stats.verify_steps == 0 and row.probed is None:  # the first step scored the pending prompt token
-            row.probed = probe_at(job, plen - 1, out.logits[b, 0])
+            row.probed = probe_at(row.job, plen - 1, out.logits[b, 0])
+        self._commit(b, row, proposal, out, kept, emitted, logprobs)
+
+    def _accept_plain(self, plain: list[int], out) -> None:
+        """Greedy rows ``plain`` without a draft: chosen together (:func:`greedy_rows`), then committed."""
+        first = out.logits[:, 0]  # [B, vocab] the pending token's row of each batch row
+        logits = first if len(plain) == first.shape[0] else \
+            first.index_select(0, host_to_device(plain, torch.long, first.device))  # [m, vocab]
+        rows = [self.rows[b] for b in plain]
+        probes = [(i, row.job.probe) for i, (b, row) in enumerate(zip(plain, rows)) if self._probe_now(b)]
+        tokens, logprobs, probed = greedy_rows(logits, [row.filt for row in rows],
+                                               [row.tokens[len(row.job.prompt):] for row in rows], probes)
+        for b, row, tok, lp in zip(plain, rows, tokens, logprobs):
+            self._commit(b, row, EMPTY, out, [], [tok], [lp])
+        for (i, _probe), value in zip(probes, probed):
+            rows[i].probed = value
+
+    def _probe_now(self, b: int) -> bool:
+        """Whether row ``b``'s probe reads the pending prompt token that its first step scores."""
+        row = self.rows[b]
+        probe = row.job.probe
+        return row.stats.verify_steps == 0 and row.probed is None and probe is not None and \
+            probe.index == len(row.job.prompt) - 1
+
+    def _commit(self, b: int, row: _Row, proposal: DraftProposal, out, kept: list[int], emitted: list[int],
+                logprobs: list[float]) -> None:
+        """Row ``b`` keeps its accepted path (cache, drafter states) and emits ``emitted``."""
+        job, cache = row.job, self.state.cache
+        plen, start = len(job.prompt), cache.lengths[b]
+        cache.keep(b, start, [start] + [start + 1 + i for i in kept])
         if self.drafter is not None and not row.plain:
             rows = [0] + [i + 1 for i in kept]
             h = out.hidden
@@ -235,6 +266,41 @@ class BatchDecoder:
                 self.rows[b] = self.rows[last]
             self.rows.pop()
         return results[::-1]
+
+
+def greedy_rows(logits: torch.Tensor,  # [m, vocab] raw logits of m rows, each its sequence's next token
+                filters: list[LogitFilter],  # each row's filter (greedy parameters)
+                prefixes: list[list[int]],  # each row's sampled tokens
+                probes: Sequence[tuple[int, Probe]] = (),  # (row, probe) pairs to read on those rows' raw logits
+                ) -> tuple[list[int], list[float], list[float]]:
+    """Each row's greedy token and its log-probability, and the probes' values, with ONE readback: rows with equal
+    filters are filtered together (``[k, vocab]``, one log_softmax), every operation row-wise, so each row's result
+    equals batch 1's (:func:`~specli.core.speculative.accept_draft` of that row without a draft) bit for bit."""
+    groups: list[tuple[LogitFilter, list[int]]] = []  # equal pure filters give equal rows
+    for i, filt in enumerate(filters):
+        group = next((g for g in groups if g[0] is filt or g[0] == filt), None)
+        if group is None:
+            groups.append((filt, [i]))
+        else:
+            group[1].append(i)
+    dev, scored = logits.device, []
+    for filt, rows in groups:
+        part = logits if len(rows) == logits.shape[0] else logits.index_select(0, host_to_device(rows, torch.long, dev))
+        f = filt.with_logprobs(part, [prefixes[i] for i in rows])
+        scored.append((rows, f, f.logits.argmax(-1)))  # [k] each row's greedy token
+    packed = torch.cat([c.double() for _r, _f, c in scored]
+                       + [f.pick(torch.arange(len(r), device=dev), c) for r, f, c in scored]
+                       + [probe.value(logits[i]).double()[None] for i, probe in probes]).tolist()  # the readback
+    tokens, logprobs = [0] * len(filters), [0.0] * len(filters)
+    at = k = 0
+    for rows, f, _c in scored:
+        got = [int(t) for t in packed[k : k + len(rows)]]
+        at_lp = len(filters) + at
+        width = len(rows) * (1 if f.stale is None else 2)
+        for i, tok, lp in zip(rows, got, f.read(packed[at_lp : at_lp + width], list(range(len(rows))), got)):
+            tokens[i], logprobs[i] = tok, lp
+        at, k = at + width, k + len(rows)
+    return tokens, logprobs, packed[len(filters) + at :]
 
 
 def _batch_inputs(rows: list[_Row], proposals: list[DraftProposal], lengths: list[int], device: torch.device

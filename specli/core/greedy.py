@@ -10,7 +10,7 @@ import time
 import torch
 
 from specli.core.job import DecodeJob, prefill, probe_at
-from specli.core.logits import SamplingParams, choose, filter_logits
+from specli.core.logits import choose, filter_with_logprobs
 from specli.core.types import DecodeResult, DecodeStats, Target, TargetState
 
 
@@ -32,15 +32,15 @@ def greedy_decode(target: Target, state: TargetState, job: DecodeJob) -> DecodeR
     sampled: list[int] = []
     sum_logprob, finished = 0.0, False
     where = generator.device if generator is not None else dev  # random numbers are drawn where the generator lives
+    row0 = torch.zeros(1, dtype=torch.long, device=dev)  # [1] the one scored row
     while len(sampled) < job.max_new_tokens:
-        filtered = filter_logits(logits, [sampled], job.rules, sampling)
+        scored = filter_with_logprobs(logits, [sampled], job.rules, sampling)  # one log_softmax a step
         u = None if sampling.greedy else torch.rand(1, generator=generator, dtype=torch.float64,
                                                     device=where).float().to(dev)
-        chosen = choose(filtered, sampling, u)  # [1]
-        logp = torch.log_softmax(unit_temperature(filtered[0], sampling), -1)  # [vocab]
-        tok, lp = torch.cat([chosen.double(), logp[chosen].double()]).tolist()  # one readback a step
-        token = int(tok)
-        sum_logprob += lp
+        chosen = choose(scored.logits, sampling, u)  # [1]
+        host = torch.cat([chosen.double(), scored.pick(row0, chosen)]).tolist()  # one readback a step
+        token = int(host[0])
+        sum_logprob += scored.read(host[1:], [0], [token])[0]
         stats.tokens += 1
         stats.record_step(0, 0)  # a token-producing step with no draft (tau = tokens / steps = 1)
         if token == job.eot:
@@ -54,8 +54,3 @@ def greedy_decode(target: Target, state: TargetState, job: DecodeJob) -> DecodeR
     stats.decode_seconds = time.perf_counter() - t0
     return DecodeResult(sampled, sum_logprob, probed or 0.0, finished, stats)
 
-
-def unit_temperature(filtered: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """Filtered logits ``[..., vocab]`` undivided by the temperature: Whisper's log-probabilities
-    (and so ``avg_logprob`` and the fallback rule) are those of the distribution at temperature 1."""
-    return filtered if sampling.greedy else filtered * sampling.temperature

@@ -28,7 +28,11 @@ class Probe:
 
     def read(self, logits: torch.Tensor) -> float:
         """``logits [vocab]`` of the probed position -> the probability of ``token``."""
-        return float(logits.softmax(-1)[self.token])
+        return float(self.value(logits))
+
+    def value(self, logits: torch.Tensor) -> torch.Tensor:
+        """:meth:`read` left on the device (0-d), for a caller that packs it into its own readback."""
+        return logits.softmax(-1)[self.token]
 
 
 @dataclass(frozen=True)

@@ -290,11 +290,14 @@ def ragged_row_keys(mask: torch.Tensor) -> list[list[int | torch.Tensor]]:
 RowPlan = list[tuple[slice, list[int | torch.Tensor]]]  # (batch rows, per query row the keys it attends to)
 
 
-def row_plan(mask: torch.Tensor, tree: bool) -> RowPlan:
+def row_plan(mask: torch.Tensor, tree: bool, lengths: Sequence[int] | None = None) -> RowPlan:
     """How to attend query by query under ``mask [B or 1, 1, n, span]``: one entry for all batch rows when they
-    share a mask (one length), else one per row (a ragged batch)."""
+    share a mask (one length), else one per row (a ragged batch). ``lengths`` (each batch row's cached length, a
+    :class:`RaggedKVCache`'s) gives a ragged chain's keys on the host: the mask is not read back."""
     if mask.shape[0] == 1:
         return [(slice(None), exact_row_keys(mask, tree))]
+    if lengths is not None and not tree:  # row b's query r sees its first lengths[b] + r + 1 slots
+        return [(slice(b, b + 1), [start + r + 1 for r in range(mask.shape[2])]) for b, start in enumerate(lengths)]
     return [(slice(b, b + 1), keys) for b, keys in enumerate(ragged_row_keys(mask))]
 
 

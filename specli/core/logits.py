@@ -155,6 +155,85 @@ def filter_logits(
     return x
 
 
+@dataclass(frozen=True)
+class Filtered:
+    """Filtered logits and their log-probabilities at temperature 1 (Whisper's ``avg_logprob`` and the fallback rule
+    read those), from ONE log_softmax where the rules computed it already (:func:`filter_with_logprobs`)."""
+
+    logits: torch.Tensor  # [n, vocab] filtered logits, as filter_logits returns them
+    logprobs: torch.Tensor  # [n, vocab] log_softmax(unit_temperature(logits)) bit for bit on every row not ``stale``
+    stale: torch.Tensor | None  # [n] bool: rows the rules changed after their log_softmax; None: no such row
+    params: SamplingParams  # the sampling parameters the logits were filtered with
+
+    @classmethod
+    def of(cls, filtered: torch.Tensor, params: SamplingParams) -> Filtered:
+        """``filtered [n, vocab]`` with its own log_softmax (no shared one)."""
+        return cls(filtered, torch.log_softmax(unit_temperature(filtered, params), -1), None, params)
+
+    def pick(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``logprobs[rows, tokens]`` ``[k]`` then (with stale rows possible) each row's stale flag ``[k]``, float64
+        on the device: the caller packs it into its one readback and hands the host values to :meth:`read`."""
+        picked = self.logprobs[rows, tokens].double()
+        return picked if self.stale is None else torch.cat([picked, self.stale[rows].double()])
+
+    def read(self, host: Sequence[float], rows: Sequence[int], tokens: Sequence[int]) -> list[float]:
+        """The ``k`` log-probabilities of :meth:`pick`'s readback ``host``; those on stale rows recomputed from the
+        filtered logits (a second readback, only on a step where a rule changed a row after its log_softmax)."""
+        k = len(rows)
+        values = [float(v) for v in host[:k]]
+        redo = [] if self.stale is None else [i for i in range(k) if host[k + i]]
+        if redo:
+            fix = sorted({rows[i] for i in redo})
+            at = host_to_device(fix, torch.long, self.logits.device)
+            exact = torch.log_softmax(unit_temperature(self.logits.index_select(0, at), self.params), -1)
+            got = exact[[fix.index(rows[i]) for i in redo], [tokens[i] for i in redo]].tolist()
+            for i, v in zip(redo, got):
+                values[i] = v
+        return values
+
+
+def filter_with_logprobs(
+    logits: torch.Tensor,  # [n, vocab] raw logits of n scored rows (full vocabulary)
+    prefixes: Sequence[Sequence[int]],  # sampled tokens before each row
+    rules: LogitRules | None,
+    params: SamplingParams = GREEDY,
+) -> Filtered:
+    """:func:`filter_logits` and the log-probabilities of the result at temperature 1 (``log_softmax`` of
+    :func:`unit_temperature` of it). Greedy rows without a repetition penalty share the rules' own log_softmax when the
+    rules offer it (``rules.with_logprobs(logits, prefixes) -> (masked, logprobs or None, stale or None)``: Whisper's
+    timestamp rule takes one to decide its forcing), so a step computes one log_softmax instead of two."""
+    shared = getattr(rules, "with_logprobs", None) if params.greedy and params.repetition_penalty == 1.0 else None
+    if shared is not None:
+        masked, logprobs, stale = shared(logits.float(), prefixes)
+        if logprobs is not None:
+            return Filtered(masked, logprobs, stale, params)
+        return Filtered.of(masked, params)  # filter_logits' result: greedy without a penalty changes nothing more
+    return Filtered.of(filter_logits(logits, prefixes, rules, params), params)
+
+
+def unit_temperature(filtered: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Filtered logits ``[..., vocab]`` undivided by the temperature: Whisper's log-probabilities
+    (and so ``avg_logprob`` and the fallback rule) are those of the distribution at temperature 1."""
+    return filtered if params.greedy else filtered * params.temperature
+
+
+@dataclass(frozen=True)
+class LogitFilter:
+    """:func:`filter_logits` with one sequence's rules and sampling parameters: what drafters call (as a function of
+    logits and prefixes, ``vocab=`` included) and what verification calls with log-probabilities
+    (:meth:`with_logprobs`)."""
+
+    rules: LogitRules | None  # the sequence's logit rules
+    params: SamplingParams = GREEDY  # how its tokens are chosen
+
+    def __call__(self, logits: torch.Tensor, prefixes: Sequence[Sequence[int]],
+                 vocab: DraftVocab | torch.Tensor | None = None) -> torch.Tensor:
+        return filter_logits(logits, prefixes, self.rules, self.params, vocab)
+
+    def with_logprobs(self, logits: torch.Tensor, prefixes: Sequence[Sequence[int]]) -> Filtered:
+        return filter_with_logprobs(logits, prefixes, self.rules, self.params)
+
+
 def takes_vocab(rules: LogitRules) -> bool:
     """Whether ``rules`` filters a draft-vocabulary row itself (its call takes a ``vocab`` keyword)."""
     if inspect.ismethod(rules):

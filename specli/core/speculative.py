@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
 from specli.core.device import host_to_device
 from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest
 from specli.core.goodput import Costs, GoodputController
-from specli.core.greedy import unit_temperature
 from specli.core.job import DecodeJob, prefill, probe_at
-from specli.core.logits import SamplingParams, filter_logits
+from specli.core.logits import Filtered, LogitFilter, SamplingParams
 from specli.core.tree import depths, is_chain, tree_inputs
 from specli.core.types import DecodeResult, DecodeStats, Target, TargetState
 from specli.core.verify import BACKENDS, Backend, verify
@@ -75,7 +73,7 @@ def speculative_decode(target: Target, state: TargetState, job: DecodeJob, draft
     t_start = time.perf_counter()
     stats = DecodeStats()
     plen, gen = len(job.prompt), job.generator
-    filt = partial(filter_logits, rules=job.rules, params=job.sampling)
+    filt = LogitFilter(job.rules, job.sampling)
     first = prefill(target, state, job, plen - 1)  # all but the pending token, which the first step scores
     stats.target_forwards += int(first.out is not None)
     probed, hidden = first.probed, None if first.out is None else first.out.hidden
@@ -179,31 +177,41 @@ def accept_draft(logits: torch.Tensor,  # [n+1, vocab] raw target logits of [pen
     """Verify one row's draft: accepted node indices, emitted tokens (accepted + the target's next token)
     and their log-probabilities. ``sampled`` are the row's tokens after the prompt; ``filt`` its filter."""
     n, dev = len(proposal), logits.device
-    filtered = filt(logits, _row_prefixes(sampled, proposal))  # [n+1, vocab]
+    scored = _filtered(filt, logits, _row_prefixes(sampled, proposal), sampling)  # [n+1, vocab]
     if sampling.greedy:  # greedy verification draws nothing
         u_accept, u_sample = torch.zeros(1, n, device=dev), torch.zeros(1, n + 1, device=dev)
     else:  # drawn where the generator lives (the target's device unless the caller passed another)
         where = gen.device if gen is not None else dev
         u_accept = torch.rand(1, n, generator=gen, dtype=torch.float64, device=where).float().to(dev)
         u_sample = torch.rand(1, n + 1, generator=gen, dtype=torch.float64, device=where).float().to(dev)
-    length, path, nxt = verify(filtered[None], proposal, sampling.greedy, u_accept, u_sample, backend=backend)
-    logp = torch.log_softmax(unit_temperature(filtered, sampling), -1)  # [n+1, vocab]
-    kept, nxt_tok, node_lp, next_lp = _read_back(logp, proposal, length, path, nxt)
-    emitted = [proposal.tokens[i] for i in kept] + [nxt_tok]
-    logprobs = [node_lp[i] for i in kept] + [next_lp[kept[-1] + 1 if kept else 0]]
-    return kept, emitted, logprobs
+    length, path, nxt = verify(scored.logits[None], proposal, sampling.greedy, u_accept, u_sample, backend=backend)
+    kept, nxt_tok, logprobs = _read_back(scored, proposal, length, path, nxt)
+    return kept, [proposal.tokens[i] for i in kept] + [nxt_tok], logprobs
 
 
-def _read_back(logp: torch.Tensor, proposal: DraftProposal, length, path, nxt):
-    """The step's one device-to-host readback: accepted nodes, next token, the log-probability of each
-    node's token at its parent's row (``logp [n+1, vocab]``) and of the next token at every row."""
-    n = len(proposal)
-    node_rows = host_to_device([p + 1 for p in proposal.parents], torch.long, logp.device)
-    node_toks = host_to_device(proposal.tokens, torch.long, logp.device)
-    packed = torch.cat([length.double(), path[0].double(), nxt.double(), logp[node_rows, node_toks].double(),
-                        logp[:, nxt[0]].double()]).tolist()
+def _filtered(filt, logits: torch.Tensor, prefixes: list[list[int]], sampling: SamplingParams) -> Filtered:
+    """``filt``'s rows and their log-probabilities: one log_softmax through a :class:`LogitFilter`, which shares the
+    rules' own, else a second one over the filter's result."""
+    if isinstance(filt, LogitFilter):
+        return filt.with_logprobs(logits, prefixes)
+    return Filtered.of(filt(logits, prefixes), sampling)
+
+
+def _read_back(scored: Filtered, proposal: DraftProposal, length, path, nxt) -> tuple[list[int], int, list[float]]:
+    """The step's one device-to-host readback: accepted nodes, next token, and the log-probabilities of the emitted
+    tokens (each accepted node's token at its parent's row, the next token at the row after the path), read from
+    every node's and every row's candidates since the path is not known before the readback."""
+    n, dev = len(proposal), scored.logits.device
+    rows = [p + 1 for p in proposal.parents] + list(range(n + 1))
+    picked = scored.pick(host_to_device(rows, torch.long, dev),
+                         torch.cat([host_to_device(proposal.tokens, torch.long, dev), nxt.expand(n + 1)]))
+    packed = torch.cat([length.double(), path[0].double(), nxt.double(), picked]).tolist()
     kept = [int(i) for i in packed[1 : 1 + int(packed[0])]]
-    return kept, int(packed[1 + n]), packed[2 + n : 2 + 2 * n], packed[2 + 2 * n :]
+    nxt_tok, host, m = int(packed[1 + n]), packed[2 + n :], 2 * n + 1
+    used = kept + [n + (kept[-1] + 1 if kept else 0)]  # the candidates emitted: accepted nodes, then the next token
+    tokens = list(proposal.tokens) + [nxt_tok] * (n + 1)
+    sub = [host[i] for i in used] + ([host[m + i] for i in used] if scored.stale is not None else [])
+    return kept, nxt_tok, scored.read(sub, [rows[i] for i in used], [tokens[i] for i in used])
 
 
 def _row_prefixes(sampled: list[int], proposal: DraftProposal) -> list[list[int]]:

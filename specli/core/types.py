@@ -71,7 +71,9 @@ class Target(Protocol):
         tokens: torch.Tensor,  # [B, n]
         positions: torch.Tensor | None = None,  # [B, n]
         tree_mask: torch.Tensor | None = None,  # [B, n, n] bool
-        logit_rows: Sequence[int] | None = None,  # rows whose logits are returned (a prefill reads few); None: all
+        # rows whose logits are returned; None: all. Given only by a prompt prefill (core/job.prefill), whose rows no
+        # one-token step has to reproduce bit for bit: a target may attend over them in one call
+        logit_rows: Sequence[int] | None = None,
     ) -> ScoreOutput: ...
 
 

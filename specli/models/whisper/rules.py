@@ -54,6 +54,18 @@ class WhisperLogitRules:
         With ``vocab`` (a draft vocabulary) the columns are those token ids only; every id range and
         id list maps to its columns, so the result is the full rule restricted to them.
         """
+        return self._apply(logits, prefixes, vocab)[0]
+
+    def with_logprobs(self, logits: torch.Tensor, prefixes: Sequence[Sequence[int]]
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The masked logits ``[n, vocab]`` (as a call returns them) and, with ``timestamps``, the log_softmax the
+        timestamp rule took to decide its forcing ``[n, vocab]``: that of the masked rows, except on the rows the
+        forcing changed afterwards (``stale [n]`` bool), whose log-probabilities a caller must compute again
+        (``core.logits.filter_with_logprobs``). Without ``timestamps``: ``(masked, None, None)``."""
+        return self._apply(logits, prefixes, None)
+
+    def _apply(self, logits: torch.Tensor, prefixes: Sequence[Sequence[int]], vocab: DraftVocab | None
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         if logits.shape[0] != len(prefixes):
             raise ValueError(f"{logits.shape[0]} logit rows but {len(prefixes)} prefixes")
         out = logits.clone()
@@ -63,11 +75,11 @@ class WhisperLogitRules:
         if begin_rows and self.begin_suppress_tokens:
             rows = host_to_device(begin_rows, torch.long, out.device)[:, None]
             out[rows, self._columns(vocab, self.begin_suppress_tokens, out.device)[None, :]] = NEG_INF
-        if self.timestamps:
-            for i, prefix in enumerate(prefixes):
-                self._timestamp_masks(out[i], prefix, vocab)
-            self._force_timestamps(out, vocab)
-        return out
+        if not self.timestamps:
+            return out, None, None
+        for i, prefix in enumerate(prefixes):
+            self._timestamp_masks(out[i], prefix, vocab)
+        return (out, *self._force_timestamps(out, vocab))
 
     def _columns(self, vocab: DraftVocab | None, tokens: tuple[int, ...], device: torch.device) -> torch.Tensor:
         """``vocab_columns`` of ``tokens``, built once per device (a draft vocabulary caches its own)."""
@@ -100,11 +112,16 @@ class WhisperLogitRules:
             if self.max_initial_timestamp_index is not None:
                 row[vocab_span(vocab, tb + self.max_initial_timestamp_index + 1)] = NEG_INF
 
-    def _force_timestamps(self, out: torch.Tensor, vocab: DraftVocab | None) -> None:
-        """Rows whose timestamp tokens together outweigh every text token must emit a timestamp."""
+    def _force_timestamps(self, out: torch.Tensor, vocab: DraftVocab | None
+                          ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Rows whose timestamp tokens together outweigh every text token must emit a timestamp (in place). Returns
+        the log_softmax ``[n, vocab]`` of ``out`` before the forcing, and the rows ``[n]`` the forcing changed (a
+        text column was finite), or ``(None, None)`` where nothing was computed."""
         text, stamps = vocab_span(vocab, 0, self.timestamp_begin), vocab_span(vocab, self.timestamp_begin)
         if vocab is not None and (text.start == text.stop or stamps.start == stamps.stop):
-            return  # no text (or no timestamp) column: nothing the full rule would change here
+            return None, None  # no text (or no timestamp) column: nothing the full rule would change here
         logprobs = torch.log_softmax(out.float(), dim=-1)
-        force = torch.logsumexp(logprobs[:, stamps], dim=-1) > logprobs[:, text].max(dim=-1).values
+        text_max = logprobs[:, text].max(dim=-1).values  # [n]
+        force = torch.logsumexp(logprobs[:, stamps], dim=-1) > text_max
         out[:, text].masked_fill_(force[:, None], NEG_INF)  # no boolean indexing: no host sync on CUDA
+        return logprobs, force & (text_max > NEG_INF)

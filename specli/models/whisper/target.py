@@ -299,11 +299,15 @@ class WhisperTarget:
         x = self.embed[tokens] + self.dec_pos[positions]  # [B, n, d]
         mask = cache.begin(b, n, None if tree_mask is None else tree_mask.to(self.device), self.device)
         # bf16 / int8 rows at one length: attention row by row, each exactly as a one-token step computes it
-        # (SDPA over n masked queries rounds differently where the key count crosses its block boundaries)
-        exact = row_plan(mask, tree_mask is not None) if self.exact_rows and mask is not None else None
+        # (SDPA over n masked queries rounds differently where the key count crosses its block boundaries). A prompt
+        # prefill (``logit_rows`` given) is no chain that one-token steps reproduce: every decode path prefills
+        # through the same call (core/job.prefill), so it attends in one call a layer
+        by_rows = self.exact_rows and logit_rows is None
+        lengths = cache.lengths[:b] if isinstance(cache, RaggedKVCache) else None
+        exact = row_plan(mask, tree_mask is not None, lengths) if by_rows and mask is not None else None
         low = mid = x
         for i, blk in enumerate(self.dec_blocks):
-            x = self._decoder_block(blk, i, x, state, mask, heads, exact)
+            x = self._decoder_block(blk, i, x, state, mask, heads, exact, by_rows)
             if i == 0:
                 low = x
             if i == self.mid_layer:
@@ -359,7 +363,7 @@ class WhisperTarget:
         return CrossAttention(torch.stack([found[pair] for pair in heads], dim=1), logits)
 
     def _decoder_block(self, blk: _Block, i: int, x: torch.Tensor, state: DecoderState, mask, heads: int,
-                       exact: RowPlan | None = None) -> torch.Tensor:
+                       exact: RowPlan | None = None, by_rows: bool = False) -> torch.Tensor:
         a = blk.self_attn
         h = layer_norm(x, blk.self_ln)
         q, k, v = (_split_heads(a[n](h), heads) for n in ("q", "k", "v"))
@@ -373,6 +377,6 @@ class WhisperTarget:
         h = layer_norm(x, blk.cross_ln)
         ck, cv = state.cross_kv[i]
         ck, cv = ck[: x.shape[0]], cv[: x.shape[0]]  # a batch state holds every slot; rows [0, B) score
-        q = _split_heads(c["q"](h), heads)  # bf16: row by row, so that verifying n tokens equals n AR steps
-        x = x + c["out"](_merge_heads(cross_attention(q, ck, cv, per_row=self.exact_rows)))
+        q = _split_heads(c["q"](h), heads)  # by_rows (bf16): row by row, so verifying n tokens equals n AR steps
+        x = x + c["out"](_merge_heads(cross_attention(q, ck, cv, per_row=by_rows)))
         return blk.mlp(x)

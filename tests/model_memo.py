@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import torch
 
-import specli.asr.strategies as strategies
+import specli.asr.drafters.kinds as asr_kinds
 import specli.bench.synthesis as bench_synthesis
 import specli.commands.distill as distill_cmd
 import specli.commands.distill_labels as distill_labels_cmd
@@ -111,7 +111,7 @@ def memoized_loaders(memo: ModelMemo) -> Iterator[ModelMemo]:
     """Route the loader entry points the commands and pipelines call through ``memo`` while inside."""
     whisper, cosy = memo.whisper, memo.cosyvoice
     with pytest.MonkeyPatch.context() as mp:
-        for module in (whisper_loader, strategies, distill_cmd, distill_labels_cmd):  # registry + direct imports
+        for module in (whisper_loader, asr_kinds, distill_cmd, distill_labels_cmd):  # registry + direct imports
             mp.setattr(module, "load_whisper", whisper)
         for module in (cosyvoice_lm, distill_speech_cmd, bench_synthesis):
             mp.setattr(module, "load_cosyvoice", cosy)

@@ -56,7 +56,7 @@ def test_the_int8_target_is_int8_where_it_should_be():
     assert all(isinstance(blk.self_attn[n], Int8Linear) for n in ("q", "k", "v", "out"))
     assert isinstance(blk.cross_attn["q"], Int8Linear) and isinstance(blk.fc2, Int8Linear)
     assert not isinstance(blk.cross_attn["k"], Int8Linear)  # once a window over 1,500 rows: float GEMM
-    assert not isinstance(TARGET.enc_blocks[0].fc1, Int8Linear)  # the encoder stays float
+    assert not isinstance(TARGET.encoder.blocks[0].fc1, Int8Linear)  # the encoder stays float
 
 
 def test_float32_activations_too(monkeypatch):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from specli.tts.acoustic.pipeline import Vocalizer, audio_dtype
+from specli.tts.acoustic.pipeline import Vocalizer, audio_dtype, stage_dtypes
 from specli.tts.synthesis import Synthesizer
 from specli.tts.audio_out import AudioOptions, AudioOutcome, prepare_voice, run_audio_synthesis
 from specli.tts.pipeline import Resume, SpeechItem, SpeechOutcome
@@ -65,8 +65,9 @@ def run_audio(synth: Synthesizer, items: list[SpeechItem], output_dir: Path, opt
     caller ends it with ``tally.finish()``: exit 1 on failures)."""
     model = synth.model
     device = model.lm.qwen.device
+    flow_dtype, vocoder_dtype = stage_dtypes(options.dtype, options.vocoder_dtype)
     vocalizer = Vocalizer.from_dir(model.path, model.spec.kind, device, options.flow_steps,
-                                   audio_dtype(options.dtype, device))
+                                   audio_dtype(flow_dtype, device), vocoder_dtype)
     voice = prepare_voice(vocalizer, prompt_wav, prompt_text, speaker)
 
     def report(out: AudioOutcome) -> None:

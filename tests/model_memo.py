@@ -91,13 +91,13 @@ class ModelMemo:
                          lambda: REAL["cosyvoice"](name_or_dir, dtype, aux_layers, device))
 
     def vocalizer(self, model_dir, kind, device: torch.device | str = "cpu", flow_steps: int | None = None,
-                  dtype: torch.dtype = torch.float32) -> Vocalizer:
-        """``Vocalizer.from_dir`` for the shipped voice (memoized per kind, device, flow steps and dtype)."""
+                  dtype: torch.dtype = torch.float32, vocoder: str | None = None) -> Vocalizer:
+        """``Vocalizer.from_dir`` for the shipped voice (memoized per kind, device, flow steps and dtypes)."""
         voice = _shipped_voice(model_dir)
         if voice is None:
-            return REAL["vocalizer"](model_dir, kind, device, flow_steps, dtype)
-        return self._get(("vocalizer", str(voice), kind, str(device), flow_steps, dtype),
-                         lambda: REAL["vocalizer"](voice, kind, device, flow_steps, dtype))
+            return REAL["vocalizer"](model_dir, kind, device, flow_steps, dtype, vocoder)
+        return self._get(("vocalizer", str(voice), kind, str(device), flow_steps, dtype, vocoder),
+                         lambda: REAL["vocalizer"](voice, kind, device, flow_steps, dtype, vocoder))
 
     def hifigan(self, path=None, config=None, sha256: str | None = None, device: torch.device | str = "cpu"):
         """``load_hifigan`` of the wheel's universal generator (memoized per device); a file loads for real."""

@@ -81,17 +81,21 @@ def _default_preset(model: str | None) -> str:
                    "rate is resampled with soxr).")
 @click.option("--flow-steps", type=click.IntRange(1, 100),
               help="Euler steps of the flow stage (default: the model's, 10): fewer are faster and rougher.")
-@click.option("--audio-dtype", type=click.Choice(AUDIO_DTYPES), default="float32", show_default=True,
-              help="Compute dtype of the flow and vocoder; auto = bfloat16 on a CPU with native bf16 (AMX, AVX-512 "
-                   "BF16), else float32. bf16 measured 2.6x faster at 1 thread, 0.94x at 2 (docs/benchmarks/"
-                   "synthesis-bf16/). Either is deterministic; they differ by float rounding.")
+@click.option("--audio-dtype", type=click.Choice(AUDIO_DTYPES),
+              help="Compute dtype of the flow and vocoder (default: float32 flow, vocoder as --vocoder-dtype); auto = "
+                   "bfloat16 on a CPU with native bf16 (AMX, AVX-512 BF16), else float32. bf16 measured 2.6x faster "
+                   "at 1 thread, 0.94x at 2 (docs/benchmarks/synthesis-bf16/). Deterministic; they differ by rounding.")
+@click.option("--vocoder-dtype", type=click.Choice(AUDIO_DTYPES),
+              help="Compute dtype of the vocoder alone (default: --audio-dtype's, else auto = bfloat16 for a HiFi-GAN "
+                   "vocoder at --threads 1 on a CPU with native bf16, else float32: transparent and ~3x faster "
+                   "there, not faster at 2 threads; docs/benchmarks/voice/vocoder-bf16/).")
 @click.option("--prompt-wav", help="Voice prompt recording (<= 30 s, >= 16 kHz) for wav/flac output.")
 @click.option("--prompt-text", help="Transcript of --prompt-wav (CosyVoice3: a '...<|endofprompt|>' prefix is added "
                                     "when absent).")
 @click.option("--speaker", help="A stored speaker of the model's spk2info.pt (instead of --prompt-wav).")
 def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed,
                output_dir, jsonl, run_manifest, overwrite, skip_existing, batch_size, threads, device, progress, fmt,
-               sample_rate, flow_steps, audio_dtype, prompt_wav, prompt_text, speaker) -> None:
+               sample_rate, flow_steps, audio_dtype, vocoder_dtype, prompt_wav, prompt_text, speaker) -> None:
     """Audio (or speech tokens) for text: INPUTS are text files (one utterance a line), '-' (stdin) or JSONL
     manifests (*.jsonl: {"id", "text", "prompt_text", "prompt_tokens", "prompt_wav"}); writes OUTPUT_DIR/<id>.wav
     (the shipped voice specli-en unless --model says otherwise), <id>.flac, or the speech tokens <id>.npy with
@@ -101,9 +105,9 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
     if not inputs and not texts:
         raise click.UsageError("give text files, '-', a *.jsonl manifest or --text")
     if fmt == "npy" and (prompt_wav or prompt_text or speaker or sample_rate is not None or flow_steps is not None
-                         or audio_dtype != "float32"):
-        raise click.UsageError("--prompt-wav, --prompt-text, --speaker, --sample-rate, --flow-steps and --audio-dtype "
-                               "need --format wav or flac")
+                         or {audio_dtype, vocoder_dtype} - {None, "float32"}):
+        raise click.UsageError("--prompt-wav, --prompt-text, --speaker, --sample-rate, --flow-steps, --audio-dtype and "
+                               "--vocoder-dtype need --format wav or flac")
     if "-" in inputs and launched_world_size() > 1:  # every rank would read its own part of stdin
         raise click.UsageError("'-' (text on stdin) cannot be split between processes: give text files or --text")
     click.get_current_context().with_resource(torch_threads(threads))  # restored when the command returns
@@ -134,7 +138,7 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
     batch = RunOptions(output_dir, resume, batch_size, report)
     with report_interrupt(lambda: f"{tally.line()} (written outputs are kept; a rerun resumes)"):
         if fmt != "npy":
-            options = AudioOptions(fmt, sample_rate, seed, flow_steps, audio_dtype)
+            options = AudioOptions(fmt, sample_rate, seed, flow_steps, audio_dtype, vocoder_dtype)
             outcomes = run_audio(synth, items, batch, options, VoiceFlags(prompt_wav, prompt_text, speaker))
         else:
             outcomes = run_synthesis(synth, items, batch)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import click
 
-from specli.tts.acoustic.pipeline import Vocalizer, audio_dtype
+from specli.tts.acoustic.pipeline import Vocalizer, audio_dtype, stage_dtypes
 from specli.tts.synthesis import Synthesizer
 from specli.io.batch import Outcome
 from specli.tts.audio_out import AudioOptions, prepare_voice, run_audio_synthesis
@@ -70,7 +70,8 @@ def run_audio(synth: Synthesizer, items: list[SpeechItem], run: RunOptions, opti
     each outcome in input order)."""
     model = synth.model
     device = model.lm.qwen.device
+    flow_dtype, vocoder_dtype = stage_dtypes(options.dtype, options.vocoder_dtype)
     vocalizer = Vocalizer.from_dir(model.path, model.spec.kind, device, options.flow_steps,
-                                   audio_dtype(options.dtype, device))
+                                   audio_dtype(flow_dtype, device), vocoder_dtype)
     prepared = prepare_voice(vocalizer, voice.prompt_wav, voice.prompt_text, voice.speaker)
     return run_audio_synthesis(synth, vocalizer, items, run, options, prepared)

@@ -51,7 +51,8 @@ class AudioOptions:
     sample_rate: int | None = None  # output rate; None: the vocoder's own; any other is resampled with soxr
     seed: int = 0  # run seed; each utterance's vocoder noise comes from (seed, id)
     flow_steps: int | None = None  # the flow's Euler steps; None: the model's (10); fewer are faster and rougher
-    dtype: AudioDtype = "float32"  # flow + vocoder compute dtype (pipeline.audio_dtype; auto: bf16 on native-bf16 CPU)
+    dtype: AudioDtype | None = None  # flow + vocoder compute dtype (pipeline.audio_dtype); None: a float32 flow
+    vocoder_dtype: AudioDtype | None = None  # the vocoder's, over dtype; both None: auto (pipeline.stage_dtypes)
 
     def __post_init__(self) -> None:
         if self.format not in ("wav", "flac"):
@@ -60,8 +61,9 @@ class AudioOptions:
             raise ValueError("sample_rate must be within 8000..192000 Hz")
         if self.flow_steps is not None and not 1 <= self.flow_steps <= 100:
             raise ValueError("flow_steps must be within 1..100")
-        if self.dtype not in AUDIO_DTYPES:
-            raise ValueError(f"unknown audio dtype {self.dtype!r} ({', '.join(AUDIO_DTYPES)})")
+        for dtype in (self.dtype, self.vocoder_dtype):
+            if dtype is not None and dtype not in AUDIO_DTYPES:
+                raise ValueError(f"unknown audio dtype {dtype!r} ({', '.join(AUDIO_DTYPES)})")
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,8 @@ def audio_settings(vocalizer: Vocalizer, options: AudioOptions) -> dict:
         settings["flow_steps"] = options.flow_steps
     if vocalizer.dtype != torch.float32:  # as flow_steps: float32 outputs made before the option stay kept
         settings["dtype"] = str(vocalizer.dtype).removeprefix("torch.")
+    if vocalizer.vocoder_dtype != vocalizer.dtype:  # a vocoder computing apart from the flow (its default bf16)
+        settings["vocoder_dtype"] = str(vocalizer.vocoder_dtype).removeprefix("torch.")
     return settings
 
 

@@ -39,11 +39,16 @@ from specli.errors import ModelLoadError, SpecliError
 from specli.io.atomic import write_atomic_with
 
 __all__ = ["AUDIO_DTYPES", "AudioDtype", "AudioFormat", "RenderError", "RenderedAudio", "VoicePrompt", "Vocalizer",
-           "audio_dtype", "encode_audio", "write_audio_atomic"]
+           "audio_dtype", "encode_audio", "stage_dtypes", "vocoder_dtype", "write_audio_atomic"]
 
 AudioFormat = Literal["wav", "flac"]
 AudioDtype = Literal["auto", "float32", "bfloat16"]
 AUDIO_DTYPES: tuple[AudioDtype, ...] = ("auto", "float32", "bfloat16")
+# The vocoder's dtype when neither --audio-dtype nor --vocoder-dtype is given: auto (vocoder_dtype decides).
+VOCODER_DEFAULT_DTYPE: AudioDtype = "auto"
+# Vocoders whose bf16 round trip was measured transparent and faster (docs/benchmarks/voice/vocoder-bf16/): the
+# ones "auto" runs in bfloat16 on a native-bf16 CPU. HiFT's bf16 is not measured on round trips: float32.
+BF16_VOCODERS = frozenset({"hifigan"})
 NATIVE_RATE = 24000  # CosyVoice2/3 output rate (a model's vocoder says its own: Vocalizer.vocoder.sample_rate)
 
 
@@ -116,6 +121,27 @@ def audio_dtype(name: AudioDtype, device: torch.device | str, native_bf16: bool 
     return torch.bfloat16 if torch.device(device).type == "cpu" and native else torch.float32
 
 
+def vocoder_dtype(name: AudioDtype, vocoder: str, device: torch.device | str, threads: int,
+                  native_bf16: bool | None = None) -> torch.dtype:
+    """The vocoder's compute dtype. ``auto``: bfloat16 for a vocoder of :data:`BF16_VOCODERS` (HiFi-GAN) running on
+    one CPU thread (``threads``: torch's) of a CPU with native bf16 (``native_bf16``; None = this machine's), else
+    float32. On a Sapphire Rapids Xeon HiFi-GAN in bf16 reads back as float32 does (round-trip WER within the
+    paired noise, log-mel 0.06 from float32's audio) and runs ~3x faster at 1 thread, but its bf16 convolutions
+    gain little or nothing from a second thread (1.10x float32's speed at 2 threads on a loaded machine, 0.82x on a
+    quiet one in docs/benchmarks/synthesis-bf16/): docs/benchmarks/voice/vocoder-bf16/. HiFT's bf16 is not measured on round trips. A named dtype is given as
+    asked."""
+    if name == "auto" and (vocoder not in BF16_VOCODERS or threads != 1):
+        return torch.float32
+    return audio_dtype(name, device, native_bf16)
+
+
+def stage_dtypes(audio: AudioDtype | None, vocoder: AudioDtype | None) -> tuple[AudioDtype, AudioDtype]:
+    """The (flow, vocoder) dtype names of the options: ``audio`` (--audio-dtype) names both stages, ``vocoder``
+    (--vocoder-dtype) overrides the vocoder's; unset, the flow is float32 and the vocoder
+    :data:`VOCODER_DEFAULT_DTYPE` (resolved per vocoder kind by :func:`vocoder_dtype`)."""
+    return audio or "float32", vocoder or audio or VOCODER_DEFAULT_DTYPE
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -135,22 +161,25 @@ class Vocalizer:
 
     def __init__(self, kind: ModelKind, flow: torch.nn.Module, vocoder: Vocoder, model_dir: Path | None = None,
                  device: torch.device | str = "cpu", spec: AcousticSpec = AcousticSpec(),
-                 dtype: torch.dtype = torch.float32) -> None:
-        if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"the flow and vocoder compute in float32 or bfloat16, not {dtype}")
+                 dtype: torch.dtype = torch.float32, vocoder_dtype: torch.dtype | None = None) -> None:
+        if dtype not in (torch.float32, torch.bfloat16) or vocoder_dtype not in (None, torch.float32, torch.bfloat16):
+            raise ValueError(f"the flow and vocoder compute in float32 or bfloat16, not {dtype} / {vocoder_dtype}")
         self.kind, self.flow, self.vocoder = kind, flow, vocoder
         self.model_dir = model_dir
         self.device = torch.device(device)
         self.spec = spec  # mel, frames per token, silent tokens, vocoder kind (from the yaml)
-        self.dtype = dtype  # compute dtype: bfloat16 = matmuls and convolutions under autocast, weights float32
+        self.dtype = dtype  # flow compute dtype: bfloat16 = matmuls and convolutions under autocast, weights float32
+        self.vocoder_dtype = dtype if vocoder_dtype is None else vocoder_dtype  # the vocoder's (the same way)
         self._frontend: Frontend | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike[str], kind: ModelKind, device: torch.device | str = "cpu",
-                 flow_steps: int | None = None, dtype: torch.dtype = torch.float32) -> Vocalizer:
+                 flow_steps: int | None = None, dtype: torch.dtype = torch.float32,
+                 vocoder: AudioDtype | None = None) -> Vocalizer:
         """Load ``flow.pt`` and the vocoder of ``model_dir``, configured by its ``cosyvoice{2,3}.yaml``;
         ``flow_steps``: Euler steps of the flow instead of the yaml's (10 upstream): fewer are faster and rougher;
-        ``dtype``: the stages' compute dtype (:func:`audio_dtype`)."""
+        ``dtype``: the stages' compute dtype (:func:`audio_dtype`); ``vocoder``: the vocoder's by name instead
+        (:func:`vocoder_dtype`, for this model's vocoder kind and torch's threads now)."""
         root = Path(model_dir)
         yaml_path = root / f"{kind}.yaml"
         cfg: dict = {}
@@ -167,8 +196,9 @@ class Vocalizer:
             raise ModelLoadError(f"{yaml_path}: the flow makes {fcfg.output_size}-bin mel, {fcfg.token_mel_ratio} "
                                  f"frames a token; the model says {spec.mel.n_mels} bins, {spec.token_mel_ratio}")
         flow = load_flow(flow_path(root), fcfg, device)
-        vocoder = _load_vocoder(root, cfg, kind, spec, yaml_path, device)
-        return cls(kind, flow, vocoder, root, device, spec, dtype)
+        voc_dtype = None if vocoder is None else vocoder_dtype(vocoder, spec.vocoder, device, torch.get_num_threads())
+        return cls(kind, flow, _load_vocoder(root, cfg, kind, spec, yaml_path, device), root, device, spec, dtype,
+                   voc_dtype)
 
     @property
     def vocoder_file(self) -> Path | None:
@@ -193,12 +223,13 @@ class Vocalizer:
             return [int(t) for t in tokens]
         return drop_silent_runs(tokens, self.spec.silent_tokens)
 
-    def compute(self) -> contextlib.AbstractContextManager:
-        """The stages' compute context: bf16 autocast when :attr:`dtype` is bfloat16 (the Euler state, norms,
-        softmax and the outputs stay float32), else nothing."""
-        if self.dtype == torch.float32:
+    def compute(self, dtype: torch.dtype | None = None) -> contextlib.AbstractContextManager:
+        """A stage's compute context (``dtype``; None: the flow's, :attr:`dtype`): bf16 autocast when bfloat16
+        (the Euler state, norms, softmax and the outputs stay float32), else nothing."""
+        dtype = self.dtype if dtype is None else dtype
+        if dtype == torch.float32:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
+        return torch.autocast(self.device.type, dtype=dtype)
 
     def mel(self, tokens: list[int], prompt: VoicePrompt) -> torch.Tensor:
         """Mel ``[1, n_mels, ratio N]`` float32 of ``N`` flow tokens after the prompt (offline: full attention)."""
@@ -282,7 +313,7 @@ class Vocalizer:
                  sample_rate: int | None) -> RenderedAudio:
         """Vocode ``mel [1, n_mels, T]`` (+ resample to ``sample_rate``) into a :class:`RenderedAudio`."""
         t1 = time.perf_counter()
-        with self.compute():
+        with self.compute(self.vocoder_dtype):
             audio = self.vocoder.vocode(mel, generator)[0].float().cpu().numpy()
         rate = sample_rate or self.vocoder.sample_rate
         if rate != self.vocoder.sample_rate:

@@ -24,7 +24,7 @@ from specli.core.drafters.base import DraftRequest
 from specli.core.drafters.llm.dflash import BlockDrafter, new_dflash
 from specli.core.drafters.llm.dspark import new_dspark
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, new_eagle3
-from specli.core.drafters.llm.base import attach_aux_layers, target_parts
+from specli.core.drafters.llm.base import attach_aux_layers
 from specli.core.logits import filter_logits
 from specli.core.sampling import build_sampler, default_options
 from specli.models.layers import Linear
@@ -76,7 +76,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = random_target(SHAPES[args.config])
-    parts = target_parts(target)
+    parts = target.draft_parts()
     rules, params = build_sampler(default_options("vllm", "cosyvoice3"), prompt_tokens=[1, 2, 3],
                                   stop_ids=list(range(6561, VOCAB)), min_len=0, stop_into=6562)
     filt = partial(filter_logits, rules=rules, params=params)

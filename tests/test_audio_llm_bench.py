@@ -13,7 +13,6 @@ from click.testing import CliRunner
 from conftest import EN_CLIPS
 from qwen3_omni_fixtures import write_tiny_qwen3_omni
 from specli.cli import main
-from specli.core.drafters.llm.base import target_parts
 from specli.core.drafters.llm.dflash import new_dflash
 from specli.core.drafters.llm.eagle3 import new_eagle3
 from specli.core.drafters.llm.speculators import save_speculators
@@ -26,11 +25,11 @@ def models_dir(tmp_path_factory):
     write_tiny_qwen3_omni(root / "qwen3-omni")
     target = load_qwen3_omni(str(root / "qwen3-omni"), "float32").target
     ids, convention = target.draft_recipe.aux_layers("eagle3", target.dims.layers)
-    save_speculators(new_eagle3(target_parts(target), 5, aux_layers=ids, convention=convention),
+    save_speculators(new_eagle3(target.draft_parts(), 5, aux_layers=ids, convention=convention),
                      root / "qwen3-omni-eagle3")
     # a DFlash drafter reading other layers of the same target (the tiny depth gives both recipes [0, 1, 2]): one
     # bench process serves both (the target returns the union, each drafter picks its own)
-    save_speculators(new_dflash(target_parts(target), layers=1, block_size=4, aux_layers=(0, 2), convention="input",
+    save_speculators(new_dflash(target.draft_parts(), layers=1, block_size=4, aux_layers=(0, 2), convention="input",
                                 seed=5), root / "qwen3-omni-dflash")
     return root
 

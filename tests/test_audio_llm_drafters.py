@@ -19,7 +19,7 @@ from qwen2_audio_fixtures import write_tiny_qwen2_audio
 from qwen3_omni_fixtures import write_tiny_qwen3_omni
 from specli.core.batched import RowJob, decode_all
 from specli.core.drafters.batched import batch_drafter
-from specli.core.drafters.llm.base import attach_aux_layers, target_parts
+from specli.core.drafters.llm.base import attach_aux_layers
 from specli.core.drafters.llm.dflash import new_dflash
 from specli.core.drafters.llm.eagle3 import new_eagle3
 from specli.core.drafters.llm.loading import load_drafter, wrap
@@ -67,7 +67,7 @@ def _window(model, audio: np.ndarray, max_new: int = 24, language: str | None = 
 def random_drafter(model, kind: str, seed: int = 0):
     """A randomly initialised drafter of the family's recipe (layer outputs), attached to the target."""
     target = model.target
-    parts = target_parts(target)
+    parts = target.draft_parts()
     ids, convention = target.draft_recipe.aux_layers(kind, parts.layers)
     if kind == "eagle3":
         module = new_eagle3(parts, 5, seed=seed, aux_layers=ids, convention=convention)

@@ -14,7 +14,6 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from qwen3_omni_fixtures import tiny_config, write_tiny_qwen3_omni
 from specli.asr.strategies import DRAFT_COST_PRIOR, build_decoder, goodput_prior
-from specli.core.drafters.llm.base import target_parts
 from specli.core.drafters.llm.eagle3 import new_eagle3
 from specli.core.drafters.llm.speculators import save_speculators
 from specli.core.goodput import FixedCosts, GoodputController, MoECosts, MoEProfile, OnlineCosts
@@ -116,7 +115,7 @@ def test_goodput_preset_on_the_tiny_moe_is_lossless(tmp_path) -> None:
     model = load_qwen3_omni(str(write_tiny_qwen3_omni(tmp_path / "omni")), "float32")
     ids, convention = model.target.draft_recipe.aux_layers("eagle3", model.target.dims.layers)
     torch.manual_seed(0)
-    save_speculators(new_eagle3(target_parts(model.target), 5, aux_layers=ids, convention=convention),
+    save_speculators(new_eagle3(model.target.draft_parts(), 5, aux_layers=ids, convention=convention),
                      tmp_path / "qwen3-omni-eagle3")
     preset = replace(load_preset("qwen3-omni-eagle3"), dtype="float32").with_draft(
         draft_dir=str(tmp_path / "qwen3-omni-eagle3"), draft_length="goodput")

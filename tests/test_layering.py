@@ -1,6 +1,8 @@
 """The house's layering, read from the import statements of every module (no import runs):
 
-* ``specli/core`` is model-neutral: it imports no model family, no pipeline, no command, no click or rich;
+* ``specli/core`` is model-neutral: it imports no model family, no pipeline, no command, no click or rich; it reads
+  no attribute that only a family's target has (a target is read through the protocols of ``core/types.py``), and it
+  probes by name (``getattr`` / ``hasattr``) only for the optional hooks of drafters, rules and stats records;
 * ``specli/models`` sit below the pipelines: no ``asr``, ``tts``, ``commands``, ``bench``, ``distill``;
 * only ``commands/`` and ``cli.py`` import click or rich;
 * no import loop between specli modules, and no specli import inside a function to dodge one;
@@ -75,6 +77,67 @@ def test_core_imports_no_model_family_pipeline_command_or_ui() -> None:
     forbidden = ("specli.models", "specli.asr", "specli.tts", "specli.commands", "specli.bench", "specli.distill",
                  "specli.cli", "click", "rich")
     assert _violations("specli.core", forbidden) == []
+
+
+def _members(cls: ast.ClassDef) -> set[str]:
+    """What a class defines: its methods and fields, and the attributes its methods set on ``self``."""
+    names = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    return names | {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                    and isinstance(n.value, ast.Name) and n.value.id == "self"}
+
+
+def _classes(package: str) -> list[ast.ClassDef]:
+    return [n for name in MODULES if name.startswith(package + ".") for n in ast.walk(_tree(name))
+            if isinstance(n, ast.ClassDef)]
+
+
+#: names a family's target shares with what core legitimately reads them on: a tensor's dtype, a string's encode
+NOT_FAMILY_NAMES = frozenset({"dtype", "encode"})
+
+
+def _family_only_names() -> set[str]:
+    """Members of the families' targets (the classes of specli/models with a ``score``) that no class of core defines
+    (nor :data:`NOT_FAMILY_NAMES`): what only a family's target has."""
+    targets = [c for c in _classes("specli.models") if "score" in _members(c)]
+    assert {"CosyVoiceLM", "Qwen2Target", "AudioLMTarget", "WhisperTarget"} <= {c.name for c in targets}
+    core = set().union(*map(_members, _classes("specli.core")))
+    return set().union(*map(_members, targets)) - core - NOT_FAMILY_NAMES
+
+
+def _probes(tree: ast.AST) -> list[tuple[int, str | None]]:
+    """``getattr`` / ``hasattr`` calls: (line, the attribute's name when spelled, else None)."""
+    return [(n.lineno, n.args[1].value if isinstance(n.args[1], ast.Constant) else None) for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
+            and len(n.args) > 1]
+
+
+def _attribute_reads(tree: ast.AST, names: set[str]) -> list[str]:
+    """``x.name`` and ``getattr(x, "name")`` for the ``names``."""
+    found = [f"line {n.lineno}: .{n.attr}" for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in names]
+    return found + [f"line {line}: getattr {name}" for line, name in _probes(tree) if name in names]
+
+
+def test_core_reads_no_family_attribute() -> None:
+    family = _family_only_names()
+    assert {"qwen", "spec", "layout", "lm", "speech_embedding", "dims"} <= family  # CosyVoice's, the decoders'
+    reads = {name: hits for name in MODULES if name.startswith("specli.core")
+             and (hits := _attribute_reads(_tree(name), family))}
+    assert reads == {}
+    old = ast.parse('qwen = getattr(target, "qwen", target)\nmask = target.spec.fill\n')
+    assert _attribute_reads(old, family) == ["line 2: .spec", "line 1: getattr qwen"]
+
+
+#: what core may probe for by name: a drafter's optional hooks (fork, batched, finish_window), a rule's shared
+#: log-probs (core/logits), a stats record's draft lengths (core/types.accumulate, which also adds counters by name)
+CORE_PROBES = frozenset({"fork", "batched", "finish_window", "with_logprobs", "draft_lengths"})
+
+
+def test_core_probes_only_optional_hooks() -> None:
+    probes = {name: found for name in MODULES if name.startswith("specli.core") and (found := _probes(_tree(name)))}
+    spelled = {attr for found in probes.values() for _, attr in found if attr is not None}
+    assert spelled <= CORE_PROBES
+    assert sum(map(len, probes.values())) <= len(CORE_PROBES) + 2  # + accumulate's two by counter name
 
 
 def test_models_import_no_pipeline_or_command() -> None:

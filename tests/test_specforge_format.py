@@ -23,7 +23,6 @@ from qwen3_omni_fixtures import write_tiny_qwen3_omni
 from specli.core.batched import RowJob, decode_all
 from specli.core.drafters.base import DraftRequest
 from specli.core.drafters.batched import batch_drafter
-from specli.core.drafters.llm.base import target_parts
 from specli.core.drafters.llm.loading import load_drafter, wrap
 from specli.core.drafters.llm.specforge import specforge_aux_layers
 from specli.core.drafters.llm.speculators import load_speech_drafter, save_speculators
@@ -64,7 +63,7 @@ def write_specforge(out: Path, target, seed: int = 0, hidden: int | None = None,
                     fc_norm: bool = False, norm_output: bool = True, aux=None, weights: str = "safetensors"):
     """Random ``LlamaForCausalLMEagle3`` weights under SpecForge's key names and config fields; the draft
     vocabulary is every target id but those = 1 mod 3 (d2t / t2d as SpecForge's preprocessing builds them)."""
-    parts = target_parts(target)
+    parts = target.draft_parts()
     h, th, heads, kv = hidden or parts.hidden, parts.hidden, 4, 2
     hd, inter = h // heads, 2 * h
     used = [i for i in range(parts.vocab) if i % 3 != 1]

@@ -17,7 +17,7 @@ from specli.core.drafters.base import DraftRequest
 from specli.core.drafters.llm.dflash import BlockDrafter, new_dflash
 from specli.core.drafters.llm.dspark import new_dspark
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, new_eagle3
-from specli.core.drafters.llm.base import attach_aux_layers, target_parts
+from specli.core.drafters.llm.base import attach_aux_layers
 from specli.core.drafters.llm.speculators import load_speech_drafter, save_speculators
 from specli.core.drafters.llm.loading import resolve_drafter_dir
 from specli.models.cosyvoice.lm import load_cosyvoice
@@ -36,7 +36,7 @@ def model(ckpt):
 
 
 def _module(kind, model, vocab=None, **kw):
-    parts = target_parts(model.lm)
+    parts = model.lm.draft_parts()
     ids = None if vocab is None else torch.tensor(vocab)
     if kind == "dspark":
         return new_dspark(parts, layers=2, block_size=4, markov_rank=8, draft_vocab_ids=ids, seed=1, **kw)

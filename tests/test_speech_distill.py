@@ -31,7 +31,6 @@ from specli.distill.speech_train import (
     train_speech,
     validate,
 )
-from specli.core.drafters.llm.base import target_parts
 from specli.core.drafters.llm.speculators import load_speech_drafter
 from specli.core.sampling import SamplerOptions
 from specli.tts.synthesis import SynthesisRequest
@@ -248,7 +247,7 @@ def test_cosyvoice2_keeps_its_head_bias(tmp_path):
     assert records and man["sampler"]["name"] == "vllm" and man["eos"] == 6561
     r = records[0]
     out = model.lm.score(model.lm.start(len(r["tokens"]) + 1), r["tokens"][None])
-    parts = target_parts(model.lm)
+    parts = model.lm.draft_parts()
     assert parts.head_bias is not None
     assert torch.allclose(target_logits(parts, r["last"]), out.logits[0], atol=0.1)
     opts = SpeechTrainOptions("dspark", epochs=1, steps=2, **FAST)

@@ -26,7 +26,7 @@ from specli.core.drafters.base import DraftRequest
 from specli.core.drafters.llm.dflash import BlockDrafter, new_dflash
 from specli.core.drafters.llm.dspark import new_dspark
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, new_eagle3
-from specli.core.drafters.llm.base import TargetParts, attach_aux_layers, target_parts
+from specli.core.drafters.llm.base import TargetParts, attach_aux_layers
 from specli.core.greedy import greedy_decode
 from specli.core.job import DecodeJob
 from specli.core.sampling import SamplerOptions, build_sampler
@@ -78,7 +78,7 @@ def test_greedy_is_token_identical_in_every_strategy(cv, kind):
     model, rules, params, prompts = cv
     lm = model.lm
     lm.qwen.aux_layers = ()
-    parts = target_parts(lm)
+    parts = lm.draft_parts()
     plain = [_decode(model, rules, params, p) for p in prompts]
     vocab = torch.tensor(sorted({t for r in plain for t in r.tokens} | {model.spec.eos}))
     accepted = 0
@@ -125,7 +125,7 @@ def test_a_one_wide_dynamic_tree_is_the_chain(cv, kind):
     lm.qwen.aux_layers = ()
     plain = [_decode(model, rules, params, p) for p in prompts]
     vocab = torch.tensor(sorted({t for r in plain for t in r.tokens} | {model.spec.eos}))
-    module = make_module(kind, target_parts(lm), vocab, seed=1)
+    module = make_module(kind, lm.draft_parts(), vocab, seed=1)
     attach_aux_layers(lm, module.config)
     try:
         if kind == "dspark":
@@ -154,7 +154,7 @@ def test_aux_layer_conventions_read_the_same_states(cv):
     """Output convention id i is input convention id i + 1: both drafters see identical features."""
     model, rules, params, prompts = cv
     lm = model.lm
-    parts = target_parts(lm)
+    parts = lm.draft_parts()
     outs = []
     for aux, conv in (((0, 1), "output"), ((1, 2), "input")):
         lm.qwen.aux_layers = ()
@@ -183,7 +183,7 @@ def test_training_forward_gives_the_drafted_distributions(cv, kind):
     model, rules, params, prompts = cv
     lm = model.lm
     lm.qwen.aux_layers = ()
-    parts = target_parts(lm)
+    parts = lm.draft_parts()
     module = make_module(kind, parts, seed=2)
     attach_aux_layers(lm, module.config)
     seq = prompts[0] + _decode(model, rules, params, prompts[0], n=12).tokens
@@ -225,8 +225,10 @@ def toy_parts(seed: int = 0, sharpness: float = 2.0) -> TargetParts:
     table = torch.randn(V, V, generator=g)
     bias = None if sharpness else tse.TARGET.table[:, :, :NEVER].mean((0, 1)) * 6.0
     bias = None if bias is None else torch.cat([bias, bias.new_full((V - NEVER,), -30.0)])
-    return TargetParts(V, 4, V, lambda ids: table[ids], torch.randn(V, V, generator=g) * sharpness, bias, 2, 1, 4, 16,
-                       1e-6, 10000.0, 64, NEVER, torch.device("cpu"))
+    return TargetParts(hidden=V, layers=4, vocab=V, embed=lambda ids: table[ids],
+                       head_weight=torch.randn(V, V, generator=g) * sharpness, head_bias=bias, heads=2, kv_heads=1,
+                       head_dim=4, intermediate=16, rms_eps=1e-6, rope_theta=10000.0, max_positions=64,
+                       mask_token_id=NEVER, device=torch.device("cpu"))
 
 
 def toy_drafter(kind: str, strategy: str, sharpness: float = 2.0):
@@ -325,7 +327,7 @@ def test_a_plain_qwen2_target_works_too(kind):
 
     _, target = _tiny(seed=2)
     target.aux_layers = ()
-    module = make_module(kind, target_parts(target), seed=5)
+    module = make_module(kind, target.draft_parts(), seed=5)
     attach_aux_layers(target, module.config)
 
     def rules(logits, prefixes):

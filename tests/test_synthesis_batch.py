@@ -208,12 +208,11 @@ def test_model_drafters_batch_with_the_batch_1_tokens(tmp_path, kind):
     fixture (no near-tie check here: these drafters sample their drafts, so a flip could also come from
     the drafter's own states)."""
     from specli.core.drafters.llm.speculators import save_speculators
-    from specli.core.drafters.llm.base import target_parts
     from specli.models.cosyvoice.lm import load_cosyvoice
     from test_speech_drafters import make_module
 
     ckpt = write_checkpoint(tmp_path / "ckpt", "cosyvoice2", seed=3)
-    draft = save_speculators(make_module(kind, target_parts(load_cosyvoice(str(ckpt)).lm), seed=1), tmp_path / kind)
+    draft = save_speculators(make_module(kind, load_cosyvoice(str(ckpt)).lm.draft_parts(), seed=1), tmp_path / kind)
     for sampler in ("greedy", "ras"):
         model = load_cosyvoice(str(ckpt))
         synth = build_synthesizer(load_synthesis_preset(f"cosyvoice2-{kind}"), model, draft=str(draft),

@@ -20,7 +20,6 @@ from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest
 from specli.core.logits import filter_logits
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.core.verify import reference as verify_reference
-from specli.core.drafters.llm.base import target_parts
 from specli.core.drafters.llm.speculators import save_speculators
 from specli.core.tree import chain_parents
 from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
@@ -99,7 +98,7 @@ TREE = {"model": "specli-en", "sampler": "greedy", "strategy": "dynamic-tree", "
                                          ("dynamic-tree", "dflash"), ("dynamic-tree", "eagle3")])
 def test_fresh_draft_models_give_the_ar_tokens(voice: CosyVoiceModel, reference: dict[str, list[int]],
                                                tmp_path: Path, preset: str, kind: str) -> None:
-    draft = save_speculators(make_module(kind, target_parts(voice.lm), seed=2, layers=1), tmp_path / kind)
+    draft = save_speculators(make_module(kind, voice.lm.draft_parts(), seed=2, layers=1), tmp_path / kind)
     loaded = (synthesis_preset_from_dict("tree", {**TREE, "drafter": kind}) if preset == "dynamic-tree"
               else load_synthesis_preset(preset))
     synth = build_synthesizer(loaded, voice, draft=str(draft), sampler="greedy")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from specli.core.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from specli.core.drafters.llm.layout import VocabLayout
 
 
 @dataclass(frozen=True)
@@ -195,3 +198,42 @@ class BatchTarget(Protocol):
               tree_mask: torch.Tensor | None = None,  # [B, n, n] bool
               logit_rows: Sequence[int] | None = None,  # rows whose logits are returned; None: all
               ) -> ScoreOutput: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetParts:
+    """What a block drafter takes from its target (frozen, shared, never saved with the drafter)."""
+
+    hidden: int  # target width
+    layers: int  # target decoder blocks
+    vocab: int  # rows of its head (output ids)
+    embed: Callable[[torch.Tensor], torch.Tensor]  # input ids [...] -> embeddings [..., hidden]
+    head_weight: torch.Tensor  # [vocab, hidden] the head
+    head_bias: torch.Tensor | None  # [vocab] or None
+    heads: int  # target attention heads (defaults for a fresh drafter)
+    kv_heads: int  # target key/value heads
+    head_dim: int  # target head width
+    intermediate: int  # target MLP width
+    rms_eps: float  # target RMSNorm epsilon
+    rope_theta: float  # target RoPE base
+    max_positions: int  # target positions
+    mask_token_id: int  # an input id never generated, used for masked slots by default
+    device: torch.device  # where the target's tensors live
+
+
+class DraftableTarget(Protocol):
+    """What a block drafter (core/drafters/llm: DSpark, DFlash, EAGLE-3) may ask its target for; the Qwen2 decoder,
+    the CosyVoice LMs and the audio-LLM targets implement it. Nothing else of the target is read by a drafter."""
+
+    def draft_parts(self) -> TargetParts:
+        """Sizes, input embedding, head and default mask token (:class:`TargetParts`)."""
+
+    def request_aux_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
+        """Have :meth:`Target.score` return the states of ``layers`` (input numbering: 0 = embeddings, i = output of
+        block i - 1) for one drafter, beside those it returns for others (their union: a served target feeds every
+        drafter loaded for it). Returns the ids that drafter picks (:meth:`HiddenStates.pick`); ValueError names a
+        layer the target does not have."""
+
+    def token_layout(self, record: dict) -> VocabLayout | None:
+        """The token layout a drafter file's ``token_layout`` record names (another export of this target whose
+        speech ids map onto its native ones), or None when its ids are native."""

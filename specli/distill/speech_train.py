@@ -44,9 +44,10 @@ from specli.core.drafters.llm.dflash import BlockDrafter, DFlashModule, new_dfla
 from specli.core.drafters.llm.dspark import DSparkModule, new_dspark
 from specli.asr.drafters.eagle_head import draft_vocabulary
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, Eagle3Module, new_eagle3
-from specli.core.drafters.llm.base import SpeechDraftConfig, SpeechDraftModule, TargetParts, target_parts
+from specli.core.drafters.llm.base import SpeechDraftConfig, SpeechDraftModule, TargetParts
 from specli.core.sampling import SamplerOptions, build_sampler, request_generator
 from specli.core.job import DecodeJob
+from specli.core.types import DraftableTarget
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.models.cosyvoice.lm import CosyVoiceModel
 from specli.core.types import DecodeStats, accumulate
@@ -127,7 +128,7 @@ class DraftTarget:
     """What drafter training reads of a target (a CosyVoice LM: :func:`cosyvoice_target`; an audio LLM:
     :mod:`specli.distill.audio_lm_data`)."""
 
-    target: Any  # what target_parts / attach_aux_layers read (a CosyVoice LM, an audio-LLM target)
+    target: DraftableTarget  # a CosyVoice LM, an audio-LLM target (what a drafter reads of it)
     pad_id: int  # id padding the batches (the stop token)
     first_special: int  # ids from here on are always in a reduced draft vocabulary (stop / special tokens)
     recipe: Callable[[str, int], tuple[tuple[int, ...], str]] | None = None  # (kind, depth) -> aux ids, convention
@@ -153,7 +154,7 @@ def new_module(kind: str, model: CosyVoiceModel | DraftTarget, records: list[dic
     """A fresh drafter for ``model`` with the recipe's sizes (the family's layer ids and block when it has them)
     and a draft vocabulary from ``records``."""
     dt = as_draft_target(model)
-    parts = target_parts(dt.target)
+    parts = dt.target.draft_parts()
     layers, block = options.recipe()
     block = options.block or dt.blocks.get(kind, block)
     kw = {}
@@ -313,7 +314,7 @@ def _restore(state: dict | None, model: DraftTarget, records: list[dict], option
     cfg = SpeechDraftConfig(**json.loads(state["config"]))
     if cfg.kind != options.drafter:
         raise SpecliError(f"{where}: checkpoints of a {cfg.kind} drafter, not {options.drafter}")
-    module = MODULES[cfg.kind](cfg, target_parts(model.target), state["module"]["draft_ids"])
+    module = MODULES[cfg.kind](cfg, model.target.draft_parts(), state["module"]["draft_ids"])
     module.load_state_dict(state["module"])
     return module
 

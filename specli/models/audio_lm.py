@@ -30,7 +30,7 @@ from specli.core.device import resolve_device, resolve_dtype
 from specli.core.goodput import MoEProfile
 from specli.core.job import DecodeJob
 from specli.core.kv_cache import KVCache, RaggedKVCache
-from specli.core.types import ScoreOutput
+from specli.core.types import ScoreOutput, TargetParts
 from specli.errors import ModelLoadError, UsageError
 from specli.io.locate import Lookup, locate, under_models_dir
 from specli.models.moe import ExpertTally
@@ -92,9 +92,10 @@ class AudioLMTarget:
     """Audio tower + projector (transformers modules, run by the family's :meth:`encode`) and the lean decoder
     (``lm``).
 
-    Drafters (:mod:`specli.core.drafters.llm`) read it as a Qwen2 target: ``qwen`` (the lean decoder: sizes,
-    head, the aux layers it returns, numbered like transformers' ``hidden_states``) and :meth:`embed`
-    (an audio placeholder embeds as its token, as SpecForge trains). ``draft_recipe`` is the family's published
+    Drafters (:mod:`specli.core.drafters.llm`) read it as a
+    :class:`~specli.core.types.DraftableTarget`: the lean decoder's sizes, head and aux layers (numbered like
+    transformers' ``hidden_states``), and :meth:`embed` (an audio placeholder embeds as its token, as SpecForge
+    trains). ``draft_recipe`` is the family's published
     drafter shape; ``experts`` tallies the distinct experts each decoder forward touched (MoE decoders; None
     for dense ones)."""
 
@@ -114,10 +115,15 @@ class AudioLMTarget:
         """The lean decoder's MoE routing and expert share (None: dense)."""
         return self.lm.moe_profile()
 
-    @property
-    def qwen(self) -> Qwen2Target:
-        """The lean decoder (what drafters attach their aux layers to and read sizes / head from)."""
-        return self.lm
+    # ---- the draftable-target protocol (core/types.DraftableTarget): the lean decoder's
+    def draft_parts(self) -> TargetParts:
+        return self.lm.draft_parts(self.embed)
+
+    def request_aux_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
+        return self.lm.request_aux_layers(layers)
+
+    def token_layout(self, record: dict) -> None:
+        return self.lm.token_layout(record)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token embeddings of ids ``tokens [...]`` (audio placeholders as their token)."""

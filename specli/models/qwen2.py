@@ -24,7 +24,7 @@ product, gate/up into another).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from specli.core.goodput import MoEProfile
 from specli.core.kv_cache import KVCache, RaggedKVCache, RowPlan, attend_by_rows, row_plan
 from specli.models.layers import Linear
 from specli.models.moe import MoE
-from specli.core.types import HiddenStates, ScoreOutput
+from specli.core.types import HiddenStates, ScoreOutput, TargetParts
 
 
 @dataclass(frozen=True)
@@ -224,6 +224,30 @@ class Qwen2Target:
     def experts_touched(self) -> int:
         """Distinct experts the last forward touched, summed over the MoE blocks (0 for a dense decoder)."""
         return sum(blk.moe.experts_touched for blk in self.blocks if blk.moe is not None)
+
+    # ---- the draftable-target protocol (core/types.DraftableTarget): what block drafters read
+    def draft_parts(self, embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    mask_token_id: int | None = None) -> TargetParts:
+        """Sizes, head and ``embed`` (default: :meth:`embed`) for a drafter; the mask token defaults to the last id."""
+        d = self.dims
+        return TargetParts(hidden=d.hidden, layers=d.layers, vocab=self.head.out_features,
+                           embed=self.embed if embed is None else embed, head_weight=self.head.weight,
+                           head_bias=self.head.bias, heads=d.heads, kv_heads=d.kv_heads, head_dim=d.head_dim,
+                           intermediate=d.intermediate, rms_eps=d.rms_eps, rope_theta=d.rope_theta,
+                           max_positions=d.max_positions,
+                           mask_token_id=d.vocab - 1 if mask_token_id is None else mask_token_id, device=self.device)
+
+    def request_aux_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
+        """Return the states of ``layers`` too from now on (after those already returned); the ids asked for."""
+        want = tuple(int(i) for i in layers)
+        if any(not 0 <= i <= self.dims.layers for i in want):
+            raise ValueError(f"the target has {self.dims.layers} blocks")
+        self.aux_layers = (*self.aux_layers, *(i for i in want if i not in self.aux_layers))
+        return want
+
+    def token_layout(self, record: dict) -> None:
+        """A plain decoder has its native ids only."""
+        return None
 
     def start(self, max_len: int, batch: int = 1, device: torch.device | str | None = None) -> Qwen2State:
         """An empty state whose cache holds ``max_len`` positions (on the target's device by default)."""

@@ -150,7 +150,7 @@ def _padded(n: int, multiple: int) -> int:
 
 def vllm_layout(spec: SpeechLMSpec, pad_to: int = 1) -> VocabLayout:
     """The official vLLM export: speech rows are the whole vocabulary (padded to ``pad_to``)."""
-    return VocabLayout("vllm", 0, spec.speech_rows, _padded(spec.speech_rows, pad_to))
+    return VocabLayout("vllm", 0, spec.speech_rows, _padded(spec.speech_rows, pad_to), **_native_inputs(spec))
 
 
 def merged_layout(spec: SpeechLMSpec, text_vocab: int, pad_to: int = 128) -> VocabLayout:
@@ -159,4 +159,11 @@ def merged_layout(spec: SpeechLMSpec, text_vocab: int, pad_to: int = 128) -> Voc
     extra = 2 if spec.kind == "cosyvoice2" else 0
     sos = text_vocab + rows if extra else text_vocab + spec.speech_token_size
     task = text_vocab + rows + 1 if extra else text_vocab + spec.speech_token_size + 2
-    return VocabLayout("merged", text_vocab, rows, _padded(text_vocab + rows + extra, pad_to), sos, task)
+    return VocabLayout("merged", text_vocab, rows, _padded(text_vocab + rows + extra, pad_to), sos, task,
+                       **_native_inputs(spec))
+
+
+def _native_inputs(spec: SpeechLMSpec) -> dict[str, int]:
+    """Where the LM's own input layout keeps sos, task and text token 0 (what a layout maps drafter inputs to)."""
+    lay = InputLayout(spec)
+    return {"native_sos": lay.sos, "native_task": lay.task, "native_text_base": lay.text_base}

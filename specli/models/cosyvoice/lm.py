@@ -32,7 +32,7 @@ from specli.models.cosyvoice.voices import SUMS, SHIPPED_VOICES, shipped_voice, 
 from specli.models.cosyvoice.yaml import Tagged, read_hyperpyyaml
 from specli.models.layers import Linear
 from specli.models.qwen2 import Qwen2Dims, Qwen2State, Qwen2Target
-from specli.core.types import ScoreOutput
+from specli.core.types import ScoreOutput, TargetParts
 from specli.errors import ModelLoadError
 from specli.io.locate import Lookup, locate
 
@@ -61,6 +61,14 @@ class CosyVoiceLM:
     def vocab(self) -> int:
         """Outputs of the head (speech rows)."""
         return self.spec.speech_rows
+
+    # ---- the draftable-target protocol (core/types.DraftableTarget)
+    def draft_parts(self) -> TargetParts:
+        """The decoder's sizes and speech head, input-layout embeddings, the fill id as the default mask token."""
+        return self.qwen.draft_parts(self.embed, self.spec.fill)
+
+    def request_aux_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
+        return self.qwen.request_aux_layers(layers)
 
     def token_layout(self, record: dict) -> VocabLayout:
         """The layout a drafter file's ``token_layout`` record names: the official vLLM export or SpeechSpec's

@@ -1,8 +1,8 @@
 """Shared parts of the target-neutral block drafters (DSpark, DFlash, EAGLE-3).
 
-A drafter here reads any target that exposes auxiliary hidden states, its input embedding and its
-vocabulary head (:class:`TargetParts`: a CosyVoice LM or a plain Qwen2 decoder). Everything a
-trainer needs is on :class:`SpeechDraftModule`:
+A drafter here reads any :class:`~specli.core.types.DraftableTarget` (a CosyVoice LM, an audio-LLM target, a plain
+Qwen2 decoder): its auxiliary hidden states, its input embedding and its vocabulary head. Everything a trainer needs
+is on :class:`SpeechDraftModule`:
 
 * ``module.config`` -- a frozen :class:`SpeechDraftConfig` (sizes, auxiliary layers and their
   convention, block size, Markov rank, draft vocabulary size ...);
@@ -25,7 +25,7 @@ takes (``aux_layers``, input convention).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -33,6 +33,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from specli.core.types import DraftableTarget, TargetParts
 
 DrafterKind = Literal["dspark", "dflash", "eagle3"]
 AuxConvention = Literal["input", "output"]
@@ -119,48 +121,6 @@ class SpeechDraftConfig:
 
     def with_(self, **changes) -> SpeechDraftConfig:
         return replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class TargetParts:
-    """What a block drafter takes from its target (frozen, shared, never saved with the drafter)."""
-
-    hidden: int  # target width
-    layers: int  # target decoder blocks
-    vocab: int  # rows of its head (output ids)
-    embed: Callable[[torch.Tensor], torch.Tensor]  # input ids [...] -> embeddings [..., hidden]
-    head_weight: torch.Tensor  # [vocab, hidden] the head
-    head_bias: torch.Tensor | None  # [vocab] or None
-    heads: int  # target attention heads (defaults for a fresh drafter)
-    kv_heads: int  # target key/value heads
-    head_dim: int  # target head width
-    intermediate: int  # target MLP width
-    rms_eps: float  # target RMSNorm epsilon
-    rope_theta: float  # target RoPE base
-    max_positions: int  # target positions
-    mask_token_id: int  # an input id never generated, used for masked slots by default
-    device: torch.device  # where the target's tensors live
-
-
-def target_parts(target) -> TargetParts:
-    """The parts of a :class:`~specli.models.cosyvoice.lm.CosyVoiceLM` or a plain
-    :class:`~specli.models.qwen2.Qwen2Target`."""
-    qwen = getattr(target, "qwen", target)
-    d = qwen.dims
-    head = qwen.head
-    weight, bias = _linear_weights(head)
-    spec = getattr(target, "spec", None)
-    mask = spec.fill if spec is not None else d.vocab - 1
-    return TargetParts(d.hidden, d.layers, weight.shape[0], target.embed, weight, bias, d.heads, d.kv_heads,
-                       d.head_dim, d.intermediate, d.rms_eps, d.rope_theta, d.max_positions, mask, qwen.device)
-
-
-def _linear_weights(head) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Weight and bias of the target's head (a packed ``layers.Linear`` or an ``nn.Linear``)."""
-    for name in ("weight", "w"):
-        if isinstance(getattr(head, name, None), torch.Tensor):
-            return getattr(head, name), getattr(head, "bias", None)
-    raise TypeError(f"cannot read the weights of head {type(head).__name__}")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -304,6 +264,7 @@ class SpeechDraftModule(nn.Module):
             raise ValueError(f"drafter reads width {config.target_hidden or config.hidden}, target has {parts.hidden}")
         self.config = config
         self.parts = parts  # plain attribute: not a submodule, not saved
+        self._ident: bool | None = None  # whether draft_ids are 0..V-1 (found on first use, after loading)
         dev = parts.device
         if draft_ids is None:
             draft_ids = torch.arange(config.draft_vocab, device=dev)
@@ -342,7 +303,7 @@ class SpeechDraftModule(nn.Module):
         return full.index_copy_(-1, self.draft_ids, draft_logits)
 
     def _identity_vocab(self) -> bool:
-        cached = getattr(self, "_ident", None)
+        cached = self._ident
         if cached is None:
             ids = self.draft_ids
             cached = bool(torch.equal(ids, torch.arange(ids.numel(), device=ids.device)))
@@ -374,13 +335,12 @@ def init_linear(module: nn.Module, std: float = 0.02, seed: int | None = None) -
                     m.bias.zero_()
 
 
-def attach_aux_layers(target, config: SpeechDraftConfig) -> None:
-    """Make ``target`` (a CosyVoice LM or a Qwen2 target) return the drafter's auxiliary layers as well as those
-    it already returns (the union: those first, then the drafter's new ones in its order; each drafter picks its own
-    by layer id, :meth:`HiddenStates.pick`)."""
-    qwen = getattr(target, "qwen", target)
+def attach_aux_layers(target: DraftableTarget, config: SpeechDraftConfig) -> tuple[int, ...]:
+    """Have ``target`` return the drafter's auxiliary layers (in its convention) as well as those it already returns
+    (:meth:`~specli.core.types.DraftableTarget.request_aux_layers`); the layer ids this drafter picks."""
     want = config.target_layers()
-    if any(not 0 <= i <= qwen.dims.layers for i in want):
-        raise ValueError(f"drafter reads target layers {list(want)} ({config.aux_convention} convention); "
-                         f"the target has {qwen.dims.layers} blocks")
-    qwen.aux_layers = (*qwen.aux_layers, *(i for i in want if i not in qwen.aux_layers))
+    try:
+        return target.request_aux_layers(want)
+    except ValueError as exc:
+        raise ValueError(f"drafter reads target layers {list(want)} ({config.aux_convention} convention); {exc}") \
+            from exc

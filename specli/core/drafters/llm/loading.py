@@ -24,7 +24,9 @@ from specli.core.drafters.llm.eagle3 import Eagle3Drafter, Eagle3Module
 from specli.core.drafters.recycling import RecyclingDrafter
 from specli.core.drafters.llm.base import KINDS, SpeechDraftModule, attach_aux_layers
 from specli.core.drafters.llm.specforge import drafter_format, load_specforge_eagle3
+from specli.core.drafters.llm.layout import VocabLayout
 from specli.core.drafters.llm.speculators import load_speech_drafter
+from specli.core.types import DraftableTarget
 from specli.errors import ModelLoadError
 from specli.io.locate import Lookup, locate
 
@@ -88,8 +90,8 @@ def wrap(module: SpeechDraftModule, options: SpeechDraftOptions = SpeechDraftOpt
     return RecyclingDrafter(drafter) if options.strategy == "recycling" else drafter
 
 
-def load_drafter(name_or_dir: str, target, options: SpeechDraftOptions = SpeechDraftOptions(),
-                 kind: str | None = None, layout=None) -> Drafter:
+def load_drafter(name_or_dir: str, target: DraftableTarget, options: SpeechDraftOptions = SpeechDraftOptions(),
+                 kind: str | None = None, layout: VocabLayout | None = None) -> Drafter:
     """Load a drafter directory for ``target`` (checks ``kind`` when given), attach its layers, wrap it."""
     path = resolve_drafter_dir(name_or_dir)
     if drafter_format(path) == "specforge-eagle3":

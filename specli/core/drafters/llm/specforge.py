@@ -40,7 +40,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from specli.core.drafters.llm.base import RMSNorm, SpeechDraftConfig, TargetParts, target_parts
+from specli.core.drafters.llm.base import RMSNorm, SpeechDraftConfig, TargetParts
+from specli.core.drafters.llm.layout import VocabLayout
+from specli.core.types import DraftableTarget
 from specli.core.drafters.llm.eagle3 import Eagle3Module
 from specli.errors import ModelLoadError
 
@@ -206,7 +208,8 @@ def _draft_config(meta: dict, parts: TargetParts, hidden: int, width: int, rows:
                "norm_output": bool(meta.get("norm_output", True))})
 
 
-def load_specforge_eagle3(path: str | Path, target, layout=None) -> Eagle3Module:
+def load_specforge_eagle3(path: str | Path, target: DraftableTarget, layout: VocabLayout | None = None
+                          ) -> Eagle3Module:
     """Load a SpecForge ``LlamaForCausalLMEagle3`` directory for ``target`` (see the module docstring); every
     mismatch with the target (widths, vocabulary, layers, missing or unknown keys) is a :class:`ModelLoadError`
     naming the file. The aux layers are not attached here (``loading.load_drafter`` does it)."""
@@ -217,7 +220,7 @@ def load_specforge_eagle3(path: str | Path, target, layout=None) -> Eagle3Module
                              f"expected [{SPECFORGE_EAGLE3!r}]")
     if layout is not None:
         raise ModelLoadError(f"drafter {path}: a SpecForge checkpoint holds the target's own token ids (no layout)")
-    parts = target_parts(target)
+    parts = target.draft_parts()
     w, name = read_weights(path)
     where = path / name
     _check_keys(w, where)

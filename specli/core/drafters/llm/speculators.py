@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specli.core.drafters.llm.base import (SpeechDraftConfig, SpeechDraftModule, TargetParts, default_aux_layers,
-                                          target_parts)
+from specli.core.drafters.llm.base import SpeechDraftConfig, SpeechDraftModule, TargetParts, default_aux_layers
 from specli.core.drafters.llm.dflash import DFlashModule
 from specli.core.drafters.llm.dspark import DSparkModule
 from specli.core.drafters.llm.eagle3 import Eagle3Module
 from specli.core.drafters.llm.layout import VocabLayout
+from specli.core.types import DraftableTarget
 from specli.errors import ModelLoadError
 from specli.io.atomic import write_atomic
 
@@ -148,47 +148,41 @@ def _config_from(meta: dict, weights: dict, parts: TargetParts, rows_kept: int, 
         extra={"source": "z-lab" if zlab else "speculators"})
 
 
-def _layout_for(meta: dict, target, layout: VocabLayout | None) -> VocabLayout | None:
+def _layout_for(meta: dict, target: DraftableTarget, layout: VocabLayout | None) -> VocabLayout | None:
     """The layout the file's ids refer to: given, recorded by specli (the target maps the record to one of its
     layouts: ``target.token_layout(record)``), or None (native ids)."""
     if layout is not None:
         return layout
     rec = meta.get("specli", {}).get("extra", {}).get("token_layout")
-    token_layout = getattr(target, "token_layout", None)
-    if not rec or rec.get("name") == "native" or token_layout is None:
+    if not rec or rec.get("name") == "native":
         return None
-    return token_layout(rec)
+    return target.token_layout(rec)
 
 
-def _input_id(layout: VocabLayout | None, target, layout_id: int) -> int:
+def _input_id(layout: VocabLayout | None, layout_id: int) -> int:
     """A layout *input* id (mask token) -> the native input id the target embeds."""
     if layout is None:
         return layout_id
-    lay = getattr(target, "layout", None)
-    if layout.offset <= layout_id < layout.offset + layout.native_rows:
-        return layout_id - layout.offset
-    if lay is not None and layout_id == layout.sos:
-        return lay.sos
-    if lay is not None and layout_id == layout.task:
-        return lay.task
-    if lay is not None and layout.name == "merged" and layout_id < layout.offset:
-        return lay.text_base + layout_id  # a text token
-    raise ModelLoadError(f"mask token id {layout_id} has no native input id in the {layout.name} layout")
+    native = layout.native_input_id(layout_id)
+    if native is None:
+        raise ModelLoadError(f"mask token id {layout_id} has no native input id in the {layout.name} layout")
+    return native
 
 
-def load_speech_drafter(path: str | Path, target, layout: VocabLayout | None = None) -> SpeechDraftModule:
+def load_speech_drafter(path: str | Path, target: DraftableTarget, layout: VocabLayout | None = None
+                        ) -> SpeechDraftModule:
     """Load a speculators-format or z-lab DFlash directory for ``target`` (ids mapped from ``layout`` when the
     drafter was trained on another layout of the same LM; read from config.json when it says); see the module
     docstring."""
     path = Path(path)
     meta, w = _read(path)
-    parts = target_parts(target)
+    parts = target.draft_parts()
     layout = _layout_for(meta, target, layout)
     _check_vocab(meta, w, parts, layout, path)
     try:
         ids, keep = _draft_rows(meta, w, parts, layout)
         raw_mask = meta.get("mask_token_id", meta.get("dflash_config", {}).get("mask_token_id"))
-        mask = parts.mask_token_id if raw_mask is None else _input_id(layout, target, int(raw_mask))
+        mask = parts.mask_token_id if raw_mask is None else _input_id(layout, int(raw_mask))
         cfg = _config_from(meta, w, parts, int(ids.numel()), mask)
         if layout is not None:
             cfg = cfg.with_(extra={**cfg.extra, "token_layout": {"name": layout.name, "offset": layout.offset,
@@ -202,7 +196,7 @@ def load_speech_drafter(path: str | Path, target, layout: VocabLayout | None = N
         module.load_state_dict({**state, "draft_ids": ids.to(parts.device)}, strict=True)
         _load_head(module, w, keep)
         if "embed_tokens.weight" in w:
-            module.parts = _with_own_embedding(parts, w["embed_tokens.weight"], layout, target)
+            module.parts = _with_own_embedding(parts, w["embed_tokens.weight"], layout)
     except (KeyError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"drafter {path}: {exc}") from exc
     return module.to(parts.device).eval()
@@ -266,22 +260,11 @@ def _load_head(module: SpeechDraftModule, w: dict, keep: torch.Tensor) -> None:
         module.head_b = w["lm_head.bias"].float()[keep.to(w["lm_head.bias"].device)].to(dev).contiguous()
 
 
-def _with_own_embedding(parts: TargetParts, table: torch.Tensor, layout: VocabLayout | None, target) -> TargetParts:
+def _with_own_embedding(parts: TargetParts, table: torch.Tensor, layout: VocabLayout | None) -> TargetParts:
     """``parts`` whose ``embed`` reads the drafter's own table (rows in the file's layout)."""
     table = table.float().to(parts.device)
-    lay = getattr(target, "layout", None)
 
     def embed(ids: torch.Tensor) -> torch.Tensor:  # native input ids [...] -> [..., H]
-        ids = ids.long()
-        if layout is None or lay is None:
-            return table[ids]
-        mapped = torch.where(ids < layout.native_rows, ids + layout.offset, ids)
-        if layout.name == "merged":
-            mapped = torch.where(ids >= lay.text_base, ids - lay.text_base, mapped)
-        for native, theirs in ((lay.sos, layout.sos), (lay.task, layout.task)):
-            if theirs is not None and native >= layout.native_rows:
-                mapped = torch.where(ids == native, torch.full_like(ids, theirs), mapped)
-        return table[mapped]
+        return table[ids.long() if layout is None else layout.input_rows(ids)]
 
     return replace(parts, embed=embed)
-

@@ -125,6 +125,10 @@ def main() -> None:
         same = all(x == runs[0] for x in runs)
         tokens = all(_tokens(x) == _tokens(runs[0]) for x in runs)
         print(f"| {name} | {b:.2f} | {a:.2f} | {a / b:.3f} | {tokens} | {same} |")
+    for name, files in sets.items():  # which files' tokens moved between the sides (first repeats)
+        b, a = (_tokens(outputs[(s, name)][0]) for s in ("before", "after"))
+        moved = [f"{f.parent.name}/{f.name}" for f, x, y in zip(files, b, a) if x != y]
+        print(f"{name}: {len(moved)} of {len(files)} files' tokens differ before/after " + " ".join(moved))
     for (side, name), w in walls.items():
         print(f"{side} {name}: " + " ".join(f"{x:.2f}" for x in w))
 

@@ -26,9 +26,10 @@ from specli.core.speculative import SpecOptions
 from specli.models.whisper.rules import WhisperLogitRules
 
 
-@pytest.fixture(scope="module")
-def windows(whisper_models):
-    model = whisper_models("whisper-tiny.en")
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def windows(whisper_models, request):
+    """In bfloat16 the windows' cross-attention K/V are bf16 (row-invariant SDPA): batch-N == batch-1 still."""
+    model = whisper_models("whisper-tiny.en", request.param)
     mels = torch.cat([window_features(load_audio(c)[:N_SAMPLES], model.target.dims.n_mels) for c in EN_CLIPS[:4]])
     return model, model.target.encode(mels)  # one batched encoder forward: [4, 1500, d]
 

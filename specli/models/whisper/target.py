@@ -27,7 +27,7 @@ from specli.core.types import HiddenStates, ScoreOutput
 from specli.models.whisper.compiled import CompiledEncoder, compile_encoder
 from specli.models.whisper.encoder import EncoderFusions, WhisperEncoder
 from specli.models.whisper.encoder import merge_heads as _merge_heads, split_heads as _split_heads
-from specli.models.layers import Int8Linear, Linear, cross_attention, cross_kv_dtype, layer_norm
+from specli.models.layers import Int8Linear, Linear, cross_attention, layer_norm
 
 N_FRAMES = 3000  # mel frames in one 30-second window
 
@@ -218,8 +218,8 @@ class WhisperTarget:
 
     def _cross_kv(self, feats: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
         """Cross-attention K/V of every decoder layer for encoder output ``feats [B, A, d]``, contiguous, in
-        ``cross_kv_dtype`` (float32 for a bf16 model on the CPU: see ``layers.cross_attention``)."""
-        heads, dtype = self.dims.decoder_heads, cross_kv_dtype(self.compute_dtype, self.device)
+        the compute dtype (a bf16 model: bf16, the projections' own values; see ``layers.cross_attention``)."""
+        heads, dtype = self.dims.decoder_heads, self.compute_dtype
         return tuple(tuple(_split_heads(blk.cross_attn[n](feats), heads).to(dtype).contiguous() for n in ("k", "v"))
                      for blk in self.dec_blocks)
 
@@ -231,8 +231,7 @@ class WhisperTarget:
         d, heads = self.dims, self.dims.decoder_heads
         hd = d.d_model // heads
         feats = torch.zeros(capacity, d.audio_ctx, d.d_model, dtype=self.compute_dtype, device=self.device)
-        kv_dtype = cross_kv_dtype(self.compute_dtype, self.device)
-        cross = tuple(tuple(feats.new_zeros(capacity, heads, d.audio_ctx, hd, dtype=kv_dtype) for _kv in range(2))
+        cross = tuple(tuple(feats.new_zeros(capacity, heads, d.audio_ctx, hd) for _kv in range(2))
                       for _ in self.dec_blocks)
         cache = RaggedKVCache(d.decoder_layers, capacity, heads, min(max_len or d.text_ctx, d.text_ctx), hd, spare,
                               self.compute_dtype, self.device)

@@ -152,6 +152,7 @@ class SpeechTarget(Target, Protocol):
     """A speech family's target: an audio encoder in front of the decoder every decode loop scores."""
 
     dtype: torch.dtype  # the decoder's weights' dtype
+    compiled_encoder: object | None  # the encoder compiled by torch.compile (its compile_seconds); None: eager
 
     def encode(self, mel: torch.Tensor, frames: Sequence[int] | None = None) -> torch.Tensor:
         """Audio features ``[k, audio_ctx, d_model]`` of ``k`` windows' features ``[k, n_mels, 3000]``."""

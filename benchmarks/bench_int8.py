@@ -95,7 +95,7 @@ def row_counts(repeat: int) -> None:
 def end_to_end(model: str, clip: Path, preset: str | None) -> None:
     from dataclasses import replace
 
-    from specli.asr.fallback import DecodingOptions
+    from specli.models.speech import DecodingOptions
     from specli.asr.strategies import build_decoder
     from specli.asr.windows import TranscribeOptions, transcribe_stream
     from specli.io.audio import iter_audio_chunks

@@ -48,7 +48,7 @@ class SpecliSide:
 
     def transcribe(self, clip: Path) -> str:
         from specli.io.audio import iter_audio_chunks
-        from specli.asr.fallback import DecodingOptions
+        from specli.models.speech import DecodingOptions
         from specli.asr.windows import TranscribeOptions, transcribe_stream
 
         opts = TranscribeOptions(language=self.lang or "en", timestamps=False,

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from specli.io.audio import iter_audio_chunks
-from specli.asr.fallback import DecodingOptions
+from specli.models.speech import DecodingOptions
 from specli.asr.strategies import build_decoder
 from specli.models.whisper.loader import load_whisper
 from specli.asr.windows import TranscribeOptions, transcribe_stream

@@ -86,7 +86,7 @@ def hifigan(model_memo):
 def ar_reference(whisper_models):
     """Greedy AR segment tokens (temperature 0 only) of a bundled model on a clip, computed once per
     (model, dtype, clip, language): the reference the speculative presets must equal token for token."""
-    from specli.asr.fallback import DecodingOptions
+    from specli.models.speech import DecodingOptions
     from specli.asr.windows import TranscribeOptions, transcribe_stream
     from specli.io.audio import iter_audio_chunks
 

@@ -23,7 +23,7 @@ from conftest import EN_CLIPS
 from specli.io.audio import SAMPLE_RATE, load_audio
 from specli.asr.pipeline import batch_size_for, transcribe_files
 from specli.cli import main
-from specli.asr.fallback import DecodingOptions
+from specli.models.speech import DecodingOptions
 from specli.asr.strategies import load_engine
 from specli.asr.windows import TranscribeOptions
 from specli.errors import AudioError

@@ -79,7 +79,7 @@ def _words(text: str) -> list[str]:
 @pytest.mark.slow
 def test_beam_five_on_real_speech(whisper_models):
     from specli.io.audio import iter_audio_chunks
-    from specli.asr.fallback import DecodingOptions
+    from specli.models.speech import DecodingOptions
     from specli.asr.windows import TranscribeOptions, transcribe_stream
 
     model = whisper_models("whisper-tiny.en")

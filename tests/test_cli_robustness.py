@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from conftest import EN_CLIPS
 from specli.asr import pipeline as batch
 from specli.cli import main
-from specli.asr.language import LANGUAGES, check_model_name, normalize_language
+from specli.models.languages import LANGUAGES, check_model_name, normalize_language
 from specli.errors import PresetError, UsageError
 from specli.presets import preset_from_dict
 

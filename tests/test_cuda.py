@@ -223,7 +223,7 @@ def _speculative_presets():
 @pytest.mark.parametrize("name", _speculative_presets())
 def test_real_presets_identical_to_ar_on_cuda_fp16(cuda_models, name):
     from specli.io.audio import iter_audio_chunks
-    from specli.asr.fallback import DecodingOptions
+    from specli.models.speech import DecodingOptions
     from specli.asr.strategies import build_decoder
     from specli.asr.windows import TranscribeOptions, transcribe_stream
     from specli.presets import load_preset

@@ -13,7 +13,7 @@ from conftest import EN_CLIPS
 from specli.io.audio import SAMPLE_RATE, iter_audio_chunks, load_audio
 from specli.cli import main
 from specli.commands.decoding_flags import temperature_schedule
-from specli.asr.fallback import DecodingOptions, suppress_ids
+from specli.models.speech import DecodingOptions, suppress_ids
 from specli.asr.windows import TranscribeOptions, transcribe_stream
 from specli.errors import UsageError
 

@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specli.core import speculative
-from specli.asr.fallback import (DecodeMethod, DecodingOptions, avg_logprob, decode_attempt, decode_with_fallback,
+from specli.asr.fallback import (DecodeMethod, avg_logprob, decode_attempt, decode_with_fallback,
                                      fallback_steps, is_silent, needs_fallback, rank_score, should_skip)
 from specli.asr.drafters.model import ModelDrafter
+from specli.models.speech import DecodingOptions
 from specli.core.job import DecodeJob, Probe
 from specli.core.logits import SamplingParams, filter_logits
 from specli.core.speculative import SpecOptions

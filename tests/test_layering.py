@@ -4,6 +4,8 @@
   no attribute that only a family's target has (a target is read through the protocols of ``core/types.py``), and it
   probes by name (``getattr`` / ``hasattr``) only for the optional hooks of drafters, rules and stats records;
 * ``specli/models`` sit below the pipelines: no ``asr``, ``tts``, ``commands``, ``bench``, ``distill``;
+* ``specli/asr`` names only the speech-model protocol (``specli.models.speech``): it imports no model family
+  (``specli.models.<family>``), its Whisper-only drafters (``specli/asr/drafters``) aside;
 * only ``commands/`` and ``cli.py`` import click or rich;
 * no import loop between specli modules, and no specli import inside a function to dodge one;
 * one module (``specli/io/locate.py``) knows where models are kept: it alone names ``$SPECLI_MODELS_DIR`` or the
@@ -144,6 +146,17 @@ def test_models_import_no_pipeline_or_command() -> None:
     forbidden = ("specli.asr", "specli.tts", "specli.commands", "specli.bench", "specli.distill", "specli.cli",
                  "click", "rich")
     assert _violations("specli.models", forbidden) == []
+
+
+#: the model families: the packages of specli/models (each family is one)
+FAMILY_PACKAGES = tuple(sorted({".".join(n.split(".")[:3]) for n in MODULES
+                                if n.startswith("specli.models.") and MODULES[n].parent != ROOT / "models"}))
+
+
+def test_asr_imports_no_model_family_outside_its_whisper_drafters() -> None:
+    assert {"specli.models.whisper", "specli.models.qwen2_audio"} <= set(FAMILY_PACKAGES)
+    found = [v for v in _violations("specli.asr", FAMILY_PACKAGES) if not v.startswith("specli.asr.drafters")]
+    assert found == []
 
 
 @pytest.mark.parametrize("package", ["specli.core", "specli.models", "specli.asr", "specli.tts", "specli.io",

@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 
 from conftest import EN_CLIPS, ES_CLIPS
-from specli.asr.fallback import DecodingOptions
+from specli.models.speech import DecodingOptions
 from specli.asr.strategies import build_decoder, load_engine
 from specli.asr.windows import TranscribeOptions, transcribe_stream
 from specli.cli import main

@@ -89,7 +89,7 @@ def test_greedy_equals_transformers_generate_and_logits_match(whisper_models, na
 
 
 def test_language_detection_and_text(whisper_models):
-    from specli.asr.language import detect_language
+    from specli.models.whisper.language import detect_language
 
     model = whisper_models("whisper-base")
     for clip, lang in ((EN_CLIPS[0], "en"), (ES_CLIPS[0], "es")):

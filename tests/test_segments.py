@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 
 from specli.asr.segments import RawSegment, compression_ratio, split_window, trim_repetition
-from specli.asr.fallback import DecodingOptions
+from specli.models.speech import DecodingOptions
 from specli.asr.windows import TranscribeOptions
 
 TB = 1000  # synthetic timestamp_begin: ids below are text, ids from here are <|0.00|>, <|0.02|>, ...

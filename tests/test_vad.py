@@ -20,7 +20,7 @@ from conftest import SAMPLES
 from specli.io.audio import SAMPLE_RATE, load_audio
 import specli.asr.vad as vad_module
 from specli.cli import main
-from specli.asr.alignment import Word
+from specli.models.speech import Word
 from specli.asr.windows import Segment, TranscribeOptions, transcribe_stream
 from specli.errors import ModelLoadError
 from specli.asr.vad import (FRAME_SAMPLES, SileroVad, TimeMap, VadOptions, load_vad, remap_segment,

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from conftest import EN_CLIPS
 from specli.io.audio import SAMPLE_RATE, iter_audio_chunks, load_audio
 from specli.cli import main
-from specli.asr.alignment import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, Word, _Timing, dtw,
-                                      merge_punctuations, median_filter, split_to_word_tokens, word_seek)
-from specli.asr.fallback import DecodingOptions
+from specli.asr.segments import word_seek
+from specli.models.speech import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, DecodingOptions, Word
+from specli.models.whisper.alignment import _Timing, dtw, merge_punctuations, median_filter, split_to_word_tokens
 from specli.models.whisper.target import WhisperDims, WhisperTarget, default_alignment_heads
 from specli.asr.windows import FileResult, FileStats, Segment, TranscribeOptions, transcribe_stream
 from specli.asr.writers import SubtitleOptions, result_record, to_srt, to_vtt

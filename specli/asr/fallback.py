@@ -13,10 +13,8 @@ first decode failed is skipped at once, instead of keeping a sample drawn over s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
-
 
 from specli.core.beam import BeamOptions, beam_decode
 from specli.core.drafters.base import Drafter
@@ -26,64 +24,7 @@ from specli.core.logits import GREEDY, SamplingParams
 from specli.asr.segments import compression_ratio
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.core.types import DecodeResult, DecodeStats, Target, TargetState, accumulate
-from specli.errors import UsageError
-
-WHISPER_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # openai-whisper's fallback schedule
-
-
-@dataclass(frozen=True)
-class DecodingOptions:
-    """How each 30-s window is decoded (openai-whisper / faster-whisper options); validated."""
-
-    temperatures: tuple[float, ...] = WHISPER_TEMPERATURES  # tried in order while a decode fails
-    best_of: int = 5  # samples drawn at a temperature > 0; the most likely one is kept
-    beam_size: int | None = None  # plain beam search at temperature 0 (None: greedy / speculative)
-    patience: float | None = None  # beam search: stop after beam_size * patience finished (None: 1.0)
-    length_penalty: float | None = None  # ranking: None divides by length, else ((5 + n) / 6) ** alpha
-    compression_ratio_threshold: float | None = 2.4  # above: too repetitive, fall back (None: never)
-    logprob_threshold: float | None = -1.0  # average log-prob below: fall back (None: never)
-    no_speech_threshold: float | None = 0.6  # <|nospeech|> prob above: silence, no fallback (None: off)
-    fallback_silence: bool = True  # a likely-silent window whose first decode failed is skipped (specli)
-    condition_on_previous_text: bool = True  # prompt each window with the previous windows' text
-    prompt_reset_on_temperature: float = 0.5  # a window decoded above this does not prompt the next
-    initial_prompt: str | None = None  # text put before the first window (<|startofprev|> + text)
-    hotwords: str | None = None  # text put before every window's previous text (faster-whisper)
-    suppress_tokens: tuple[int, ...] = (-1,)  # ids never emitted; -1 = the model's non-speech set
-    seed: int | None = None  # seed of the file's random generator (sampling); None: random
-
-    def __post_init__(self) -> None:
-        if not self.temperatures or any(not 0.0 <= t <= 10.0 or math.isnan(t) for t in self.temperatures):
-            raise UsageError("temperatures must be a non-empty list of values within 0..10")
-        if self.best_of < 1:
-            raise UsageError("best_of must be >= 1")
-        if self.beam_size is not None and not 1 <= self.beam_size <= 64:
-            raise UsageError("beam_size must be within 1..64")
-        if self.patience is not None and (self.patience <= 0 or self.beam_size is None):
-            raise UsageError("patience must be > 0 and needs a beam size")
-        if self.length_penalty is not None and not 0.0 <= self.length_penalty <= 1.0:
-            raise UsageError("length_penalty must be within 0..1")
-        if self.no_speech_threshold is not None and not 0.0 <= self.no_speech_threshold <= 1.0:
-            raise UsageError("no_speech_threshold must be within 0..1")
-        if any(t < -1 for t in self.suppress_tokens):
-            raise UsageError("suppress_tokens are token ids (>= 0) or -1")
-
-    def at(self, temperature: float) -> DecodingOptions:
-        """These options for one attempt at ``temperature``."""
-        return replace(self, temperatures=(temperature,))
-
-    @property
-    def temperature(self) -> float:
-        """The temperature of a one-attempt options object (the first one otherwise)."""
-        return self.temperatures[0]
-
-
-def suppress_ids(options: DecodingOptions, default: tuple[int, ...], always: tuple[int, ...]) -> tuple[int, ...]:
-    """Ids the logit rules mask: the user's ids, the model's ``default`` set where -1 is given, and
-    the control tokens openai-whisper always suppresses (``always``: task, sot, sot_prev, no-speech)."""
-    ids = {t for t in options.suppress_tokens if t >= 0} | set(always)
-    if -1 in options.suppress_tokens:
-        ids |= set(default)
-    return tuple(sorted(ids))
+from specli.models.speech import DecodingOptions
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,9 @@ from pathlib import Path
 
 from specli.io.audio import AUDIO_EXTENSIONS, iter_audio_chunks
 from specli.asr.fallback import AR, DecodeMethod
-from specli.asr.language import check_model_name, normalize_language
-from specli.asr.speech import speech_hooks
+from specli.models.languages import check_model_name, normalize_language
 from specli.asr.scheduler import batch_unsupported, transcribe_batched
 from specli.asr.strategies import Engine, load_engine
-from specli.models.whisper.loader import WhisperModel
 from specli.asr.windows import (FileResult, FileSteps, TranscribeOptions, run_alone, run_file,
                                           transcribe_steps)
 from specli.errors import AudioError, SpecliError, UsageError
@@ -28,6 +26,7 @@ from specli.asr.writers import WRITERS, SubtitleOptions, result_record, to_json
 from specli.io.atomic import remove_stale_parts, write_atomic
 from specli.io.batch import Outcome, in_input_order
 from specli.io.outputs import mirrored_bases
+from specli.models.speech import SpeechModel
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ def render(result: FileResult, fmt: str, source: str, subtitles: SubtitleOptions
     return WRITERS[fmt](result)
 
 
-def file_steps(model: WhisperModel, path: Path, opts: TranscribeOptions, decode=None,
+def file_steps(model: SpeechModel, path: Path, opts: TranscribeOptions, decode=None,
                on_window: Callable[[float], None] | None = None, vad: VadOptions | None = None) -> FileSteps:
     """The step machine of one file with streaming audio (``transcribe_steps``), or with ``vad`` of its
     speech only (the file is read fully, ``specli.asr.vad``); bad input raises :class:`AudioError` from it."""
@@ -123,7 +122,7 @@ With ``vad``, the file is read fully and only its speech is transcribed (``specl
 DEFAULT_BATCH_SIZE = 8  # the CLI's files in flight: fastest measured on 2-vCPU machines (docs/benchmarks/whisper-cpu)
 
 
-def batch_size_for(model: WhisperModel, decode, batch_size: int) -> tuple[int, str | None]:
+def batch_size_for(model: SpeechModel, decode, batch_size: int) -> tuple[int, str | None]:
     """The batch size that runs: ``batch_size``, or 1 with the reason when the preset's decoding cannot
     run batched on this model (the caller says so; outputs are the same either way)."""
     if batch_size < 1:
@@ -135,7 +134,7 @@ def batch_size_for(model: WhisperModel, decode, batch_size: int) -> tuple[int, s
 
 
 def transcribe_files(
-    model: WhisperModel,
+    model: SpeechModel,
     jobs: Iterable[tuple[int, Path | None]],
     opts: TranscribeOptions,
     decode=None,
@@ -196,7 +195,7 @@ class BatchOptions:
     on_redo: Callable[[Path, str], None] | None = None  # told (file, why) of each input whose outputs are redone
 
 
-def run_batch(model: WhisperModel, items: Sequence[InputFile], opts: TranscribeOptions, formats: Sequence[str],
+def run_batch(model: SpeechModel, items: Sequence[InputFile], opts: TranscribeOptions, formats: Sequence[str],
               batch: BatchOptions = BatchOptions()) -> Iterator[Outcome]:
     """Transcribe each item and write its outputs atomically, with a sidecar of the settings used.
 
@@ -291,7 +290,7 @@ def transcribe(
     if engine is None:
         check_model_name(p.model, options.task, options.language)
         engine = load_engine(p, language=options.language)
-    speech_hooks(engine.model).check_support(engine.preset.model, options.task, options.language)
+    engine.model.speech_hooks().check_support(engine.preset.model, options.task, options.language)
     found, bad = discover(str(i) for i in inputs)
     yield from bad
     paths = [path for path, _root in found]

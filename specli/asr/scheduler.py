@@ -25,9 +25,9 @@ import torch
 from specli.core.batched import BatchDecoder, RowJob
 from specli.asr.fallback import DecodeMethod
 from specli.core.drafters.batched import batch_drafter
-from specli.models.whisper.loader import WhisperModel
 from specli.asr.windows import (DecodeRequest, EncodeRequest, Encoded, FileResult, FileSteps,
                                           serve_one)
+from specli.models.speech import SpeechModel
 
 #: A file to transcribe: its key (returned with its result) and a factory of its step machine, called
 #: when the file joins the batch (so it is opened then); None: nothing to do, the result is None at once.
@@ -44,7 +44,7 @@ class _Running:
     in_decoder: bool = False  # its decode request is a row of the batch decoder
 
 
-def batch_unsupported(model: WhisperModel, decode: DecodeMethod) -> str | None:
+def batch_unsupported(model: SpeechModel, decode: DecodeMethod) -> str | None:
     """Why ``decode`` cannot run batched on ``model`` (the caller then runs files one at a time and
     says so), or None."""
     if not callable(getattr(model.target, "start_batch", None)):
@@ -55,7 +55,7 @@ def batch_unsupported(model: WhisperModel, decode: DecodeMethod) -> str | None:
 
 
 def transcribe_batched(
-    model: WhisperModel,
+    model: SpeechModel,
     files: Iterable[FileJob],
     batch_size: int,
     decode: DecodeMethod,
@@ -85,7 +85,7 @@ def transcribe_batched(
 class _Scheduler:
     """The files in flight, the batched encoder calls and the batch decoder."""
 
-    def __init__(self, model: WhisperModel, capacity: int, decode: DecodeMethod,
+    def __init__(self, model: SpeechModel, capacity: int, decode: DecodeMethod,
                  errors: tuple[type[Exception], ...]) -> None:
         self.target = model.target
         self.decode = decode

@@ -122,3 +122,16 @@ def _copy_end(tokens: list[int], where: list[int], i: int, p: int, timestamp_beg
             return where[e - 1] + 2
     end = where[i + p - 1] + 1
     return end + 1 if end < len(tokens) and tokens[end] >= timestamp_begin else end
+
+
+def word_seek(tokens: list[int], timestamp_begin: int, seek: int, advance: int, end: float | None) -> int:
+    """The seek advance (mel frames) once words are known: unless the window ended on a single
+    timestamp, decoding resumes where the last word ends (openai-whisper's rule).
+
+    ``tokens`` are the window's decoded tokens, ``seek`` its start and ``advance`` the advance
+    the timestamps gave, both in mel frames; ``end`` is :attr:`specli.models.speech.WindowWords.last_word_end`.
+    """
+    single_ending = len(tokens) >= 2 and tokens[-2] < timestamp_begin <= tokens[-1]
+    if single_ending or end is None or end <= seek / 100:
+        return advance
+    return max(1, round(end * 100) - seek)

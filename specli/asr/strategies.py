@@ -14,11 +14,11 @@ from specli.core.drafters.registry import DRAFTERS
 from specli.core.goodput import FixedCosts, MoECosts, OnlineCosts
 from specli.core.speculative import SpecOptions
 from specli.models.registry import family
-from specli.models.whisper.loader import WhisperModel
 from specli.presets import Preset
+from specli.models.speech import SpeechModel
 
 
-def build_drafter(preset: Preset, target: WhisperModel, language: str | None = None) -> Drafter:
+def build_drafter(preset: Preset, target: SpeechModel, language: str | None = None) -> Drafter:
     """The preset's drafter for ``target`` (its kind's builder in the drafter registry; loads a draft model
     when the preset names one), re-proposing rejected tails for strategy ``recycling``."""
     spec = preset.draft
@@ -44,7 +44,7 @@ def goodput_prior(target: object) -> FixedCosts | MoECosts:
     return MoECosts(DRAFT_COST_PRIOR, profile, observed)
 
 
-def build_decoder(preset: Preset, target: WhisperModel, language: str | None = None) -> DecodeMethod:
+def build_decoder(preset: Preset, target: SpeechModel, language: str | None = None) -> DecodeMethod:
     """Plain autoregressive decoding for 'ar' presets, else the preset's drafter and speculation settings."""
     spec = preset.draft
     if spec.strategy == "ar":
@@ -60,7 +60,7 @@ class Engine:
     """A loaded target and the decode method its preset asks for."""
 
     preset: Preset
-    model: WhisperModel
+    model: SpeechModel
     decode: DecodeMethod  # drafter (None: plain autoregressive) and speculation settings
 
 
@@ -70,6 +70,6 @@ def load_engine(preset: Preset, model: str | None = None, dtype: str | None = No
     compiled if asked) and build its decoder. ``Engine.preset`` holds the effective dtype and device."""
     p = replace(preset, model=model or preset.model, dtype=dtype or preset.dtype, device=device or preset.device)
     dev = resolve_device(p.device)
-    whisper = family(p.family).load(p.model, p.dtype, compile_encoder=compile_encoder, device=dev)
-    p = replace(p, dtype=dtype_name(whisper.target.dtype), device=str(dev))
-    return Engine(p, whisper, build_decoder(p, whisper, language))
+    loaded = family(p.family).load(p.model, p.dtype, compile_encoder=compile_encoder, device=dev)
+    p = replace(p, dtype=dtype_name(loaded.target.dtype), device=str(dev))
+    return Engine(p, loaded, build_decoder(p, loaded, language))

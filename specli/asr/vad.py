@@ -24,9 +24,9 @@ import numpy as np
 
 from specli.io.audio import SAMPLE_RATE
 from specli.asr.fallback import AR, DecodeMethod
-from specli.models.whisper.loader import WhisperModel
 from specli.asr.windows import FileSteps, Segment, TranscribeOptions, run_alone, transcribe_steps
 from specli.errors import ModelLoadError
+from specli.models.speech import SpeechModel
 
 FRAME_SAMPLES = 512  # samples per Silero frame at 16 kHz (32 ms)
 CONTEXT_SAMPLES = 64  # trailing samples of the previous frame the v5 model sees before each frame
@@ -295,7 +295,7 @@ def remap_segment(seg: Segment, tmap: TimeMap) -> Segment:
 
 
 def speech_steps(
-    model: WhisperModel,
+    model: SpeechModel,
     chunks: Iterable[np.ndarray],
     opts: TranscribeOptions,
     vad: VadOptions,

@@ -23,16 +23,12 @@ import numpy as np
 import torch
 
 from specli.io.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE
-from specli.asr.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, Word, add_word_timestamps, word_seek
-from specli.asr.fallback import (AR, Attempt, DecodeMethod, DecodingOptions, FallbackSteps, WindowDecode, drive,
+from specli.asr.fallback import (AR, Attempt, DecodeMethod, FallbackSteps, WindowDecode, drive,
                                      fallback_steps, run_attempt, should_skip)
-from specli.asr.segments import completed_length, find_loop, split_window, trim_repetition
-from specli.asr.speech import speech_hooks, whisper_prompt, whisper_rules
+from specli.asr.segments import completed_length, find_loop, split_window, trim_repetition, word_seek
 from specli.errors import UsageError
-from specli.models.speech import SpeechHooks, WindowPrompt
-from specli.models.whisper.loader import WhisperModel
-from specli.models.whisper.target import DecoderState
-from specli.models.whisper.rules import WhisperLogitRules
+from specli.models.speech import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, DecodingOptions, SpeechHooks,
+                                  SpeechModel, SpeechTarget, WindowPrompt, Word)
 from specli.core.types import DecodeResult, DecodeStats, TargetState, accumulate
 
 
@@ -64,7 +60,7 @@ class TranscribeOptions:
     max_new_tokens: int = 224  # tokens decoded per window at most (Whisper's sample_len)
     repetition_guard: bool = True  # cut hallucination loops (a block repeated 4 times in a row)
     decoding: DecodingOptions = DecodingOptions()  # temperatures, fallback thresholds, beam, prompts, seed
-    word_timestamps: bool = False  # word timings from cross-attention alignment (asr/alignment.py)
+    word_timestamps: bool = False  # word timings from cross-attention alignment (the family's hooks; Whisper: models/whisper/alignment.py)
     prepend_punctuations: str = PREPEND_PUNCTUATIONS  # with word timestamps: merged into the next word
     append_punctuations: str = APPEND_PUNCTUATIONS  # with word timestamps: merged into the previous word
     instruction: str | None = None  # audio-LLM families: the instruction text (None: the model's documented one)
@@ -139,17 +135,6 @@ class WindowReader:
         return self._buf[: length]
 
 
-def _prompt(model: WhisperModel, opts: TranscribeOptions, language: str | None, previous: list[int],
-            hotwords: list[int]) -> list[int]:
-    """Whisper's window prompt: ``<|startofprev|>`` + hotwords + previous text, then the sot sequence."""
-    return whisper_prompt(model, _window_prompt(opts, language, previous, hotwords, N_FRAMES, None))
-
-
-def logit_rules(model: WhisperModel, opts: TranscribeOptions) -> WhisperLogitRules:
-    """A Whisper window's logit rules: the model's, with the suppressed ids of ``opts.decoding``."""
-    return whisper_rules(model, opts.timestamps, opts.decoding.suppress_tokens)
-
-
 def _window_prompt(opts: TranscribeOptions, language: str | None, previous: list[int], hotwords: list[int],
                    frames: int, gen: torch.Generator | None) -> WindowPrompt:
     """What the family builds a window's decode job from."""
@@ -187,14 +172,14 @@ class Window:
     """One encoded window. Its decoder state (cross-attention K/V, empty cache) is built on first use,
     so a window decoded only by a batched decoder (which admits ``features``) never builds one."""
 
-    def __init__(self, target: object, features: torch.Tensor, mel: torch.Tensor) -> None:
+    def __init__(self, target: SpeechTarget, features: torch.Tensor, mel: torch.Tensor) -> None:
         self.target = target
         self.features = features  # [1, audio_ctx, d_model]
         self.mel = mel  # [1, n_mels, 3000]
-        self._state: DecoderState | None = None
+        self._state: TargetState | None = None
 
     @property
-    def state(self) -> DecoderState:
+    def state(self) -> TargetState:
         if self._state is None:
             self._state = self.target.start(self.features, features=self.mel)
         return self._state
@@ -213,7 +198,7 @@ class DecodeRequest:
 FileSteps = Generator[EncodeRequest | DecodeRequest, Encoded | tuple[DecodeResult, DecodeStats], FileResult]
 
 
-def serve_one(target: object, request: EncodeRequest | DecodeRequest) -> Encoded | tuple[DecodeResult, DecodeStats]:
+def serve_one(target: SpeechTarget, request: EncodeRequest | DecodeRequest) -> Encoded | tuple[DecodeResult, DecodeStats]:
     """Answer one request of a file's step machine on its own (batch 1)."""
     if isinstance(request, EncodeRequest):
         t0 = time.perf_counter()
@@ -222,17 +207,17 @@ def serve_one(target: object, request: EncodeRequest | DecodeRequest) -> Encoded
     return run_attempt(target, request.window.state, request.attempt)
 
 
-def run_file(model: WhisperModel, steps: FileSteps) -> FileResult:
+def run_file(model: SpeechModel, steps: FileSteps) -> FileResult:
     """Run a file's step machine to its end on its own (batch 1): each request answered by :func:`serve_one`."""
     return drive(steps, lambda request: serve_one(model.target, request))
 
 
-def run_alone(steps_of: Callable[Concatenate[WhisperModel, P], FileSteps], name: str,
-              doc: str) -> Callable[Concatenate[WhisperModel, P], FileResult]:
+def run_alone(steps_of: Callable[Concatenate[SpeechModel, P], FileSteps], name: str,
+              doc: str) -> Callable[Concatenate[SpeechModel, P], FileResult]:
     """The function ``name`` that runs the file step machine ``steps_of(model, ...)`` builds, on its own
     (batch 1, :func:`run_file`), with the same arguments."""
 
-    def run(model: WhisperModel, *args: P.args, **kwargs: P.kwargs) -> FileResult:
+    def run(model: SpeechModel, *args: P.args, **kwargs: P.kwargs) -> FileResult:
         return run_file(model, steps_of(model, *args, **kwargs))
 
     run.__name__ = run.__qualname__ = name
@@ -242,7 +227,7 @@ def run_alone(steps_of: Callable[Concatenate[WhisperModel, P], FileSteps], name:
 
 
 def transcribe_steps(
-    model: WhisperModel,
+    model: SpeechModel,
     chunks: Iterable[np.ndarray],
     opts: TranscribeOptions = TranscribeOptions(),
     decode: DecodeMethod = AR,
@@ -252,7 +237,7 @@ def transcribe_steps(
     """The long-form loop of one file as a step machine: yields :class:`EncodeRequest` and
     :class:`DecodeRequest`, receives their answers, returns the :class:`FileResult`. Whoever answers
     (:func:`serve_one` at batch 1, :mod:`specli.asr.scheduler` over several files), the loop is this one."""
-    hooks, dec = speech_hooks(model), opts.decoding
+    hooks, dec = model.speech_hooks(), opts.decoding
     if opts.word_timestamps and not hooks.word_timestamps:
         raise UsageError(f"word timestamps need cross-attention alignment, which {type(model).__name__} has not")
     reader, stats = WindowReader(chunks), FileStats()
@@ -284,8 +269,8 @@ def transcribe_steps(
             on_decode(window.state, prompt, win, WindowSpan(seek * HOP_LENGTH, len(audio)))
         window_segs, advance, keep = _window_segments(model, opts, win, seek, window_frames, stats)
         if opts.word_timestamps and window_segs:  # on the final tokens: the same for every decode method
-            aligned = add_word_timestamps(
-                model, window.state, window_segs, language=language, task=opts.task,
+            aligned = hooks.align_words(
+                window.state, window_segs, language=language, task=opts.task,
                 time_offset=seek * HOP_LENGTH / SAMPLE_RATE, num_frames=window_frames, last_speech=last_speech,
                 prepend_punctuations=opts.prepend_punctuations, append_punctuations=opts.append_punctuations)
             window_segs, last_speech = aligned.segments, aligned.last_speech
@@ -306,7 +291,7 @@ Transcribe 16 kHz mono chunks with ``decode`` (plain or speculative); ``on_windo
 reports progress. Runs :func:`transcribe_steps` (same arguments), answering each request on its own.""")
 
 
-def _encode_window(model: WhisperModel, hooks: SpeechHooks, audio: np.ndarray, stats: FileStats) -> Generator:
+def _encode_window(model: SpeechModel, hooks: SpeechHooks, audio: np.ndarray, stats: FileStats) -> Generator:
     """Steps that encode one window (features here, the encoder by the driver), counted in ``stats``; returns
     the window and its real frames."""
     t0 = time.perf_counter()
@@ -328,16 +313,16 @@ def _attempts_of(window: Window, steps: FallbackSteps) -> Generator:
         return stop.value
 
 
-def _encode_text(model: WhisperModel, text: str | None) -> list[int]:
+def _encode_text(model: SpeechModel, text: str | None) -> list[int]:
     """openai-whisper's prompt text encoding: a leading space, stripped text."""
     return model.tokenizer.encode(" " + text.strip()) if text and text.strip() else []
 
 
 def _window_segments(
-    model: WhisperModel, opts: TranscribeOptions, win: WindowDecode, seek: int, window_frames: int, stats: FileStats
+    model: SpeechModel, opts: TranscribeOptions, win: WindowDecode, seek: int, window_frames: int, stats: FileStats
 ) -> tuple[list[Segment], int, list[int]]:
     """Segments of one window, the seek advance, and the tokens to condition the next window on."""
-    sp, tok, res = speech_hooks(model), model.tokenizer, win.result
+    sp, tok, res = model.speech_hooks(), model.tokenizer, win.result
     if should_skip(res.probed, win.avg_logprob, win.first_failed, opts.decoding):
         stats.skipped_windows += 1
         return [], window_frames, []

@@ -34,10 +34,9 @@ from specli.bench.peers import MAX_SHORT_FORM_SECONDS, BenchError, PeerTarget, p
 from specli.bench.references import load_references
 from specli.bench.report import Bins, Run, Skip, SystemInfo, build_report
 from specli.bench.runlog import RunLog, read_runlog
-from specli.asr.fallback import DecodingOptions
+from specli.models.speech import DecodingOptions
 from specli.core.device import dtype_name
 from specli.core.threads import torch_threads
-from specli.asr.speech import speech_hooks
 from specli.asr.strategies import build_decoder
 from specli.models.registry import family
 from specli.asr.windows import Task, TranscribeOptions, transcribe_stream
@@ -176,7 +175,7 @@ def build_systems(opts: BenchOptions) -> tuple[list[PresetSystem | PeerSystem], 
             models[key] = family(p.family).load(p.model, p.dtype, device=p.device)
         model = models[key]  # the preset as run: effective dtype and device
         try:  # the family's hooks: an English-only Whisper cannot translate, ...
-            speech_hooks(model).check_support(p.model, opts.task, opts.language)
+            model.speech_hooks().check_support(p.model, opts.task, opts.language)
         except UsageError as exc:
             raise BenchError(f"{p.name}: {exc}") from exc
         p = replace(p, dtype=dtype_name(model.target.dtype), device=str(model.target.device))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from specli.asr.fallback import DecodingOptions
+from specli.models.speech import DecodingOptions
 from specli.errors import UsageError
 
 

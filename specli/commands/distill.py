@@ -14,7 +14,7 @@ from click.core import ParameterSource
 
 from specli.io.outputs import check_output_dir
 from specli.asr.drafters.eagle_head import load_head
-from specli.asr.language import check_model_name, check_model_support, normalize_language
+from specli.models.languages import check_model_name, normalize_language
 from specli.asr.pipeline import discover
 from specli.asr.windows import TranscribeOptions
 from specli.commands.distill_audio_lm import (audio_lm_training, check_flags, is_audio_lm_preset,
@@ -136,7 +136,7 @@ def data(inputs, preset_name, out, timestamps, task, language, dtype, batch_size
         raise SpecliError("no audio input")
     check_output_dir(out, "the --out directory")  # a usage error before the model loads
     model = _load_target(preset_name, dtype)
-    check_model_support(model.special, preset.model, task, language)
+    model.speech_hooks().check_support(preset.model, task, language)
     progress = None if quiet else (lambda msg, done, total: click.echo(f"[{done}/{total}] {msg}", err=True))
     opts = TranscribeOptions(task=task, language=language, timestamps=timestamps)
     with report_interrupt(lambda: _labelled_so_far(out)):

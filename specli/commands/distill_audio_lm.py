@@ -14,8 +14,8 @@ import click
 from click.core import ParameterSource
 
 from specli.io.outputs import check_output_dir
-from specli.asr.fallback import DecodingOptions
-from specli.asr.language import normalize_language
+from specli.models.speech import DecodingOptions
+from specli.models.languages import normalize_language
 from specli.asr.pipeline import discover
 from specli.asr.windows import TranscribeOptions
 from specli.core.device import resolve_device

@@ -21,8 +21,7 @@ from specli.commands.batch_run import finish_run, resume_mode
 from specli.commands.decoding_flags import DECODING_FLAGS, decoding_options
 from specli.core.threads import torch_threads
 from specli.commands.interrupt import report_interrupt
-from specli.asr.language import check_model_name, normalize_language
-from specli.asr.speech import speech_hooks
+from specli.models.languages import check_model_name, normalize_language
 from specli.asr.strategies import Engine, load_engine
 from specli.asr.windows import TranscribeOptions
 from specli.errors import AudioError
@@ -31,7 +30,7 @@ from specli.commands.progress import BatchProgress, RunSummary
 from specli.io.batch import Outcome, manifest_row
 from specli.io.sharding import DEFAULT_MANIFEST, ShardedRun, launched_world_size
 from specli.asr.vad import VadOptions, load_vad
-from specli.asr.alignment import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
+from specli.models.speech import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from specli.asr.writers import FORMATS, SubtitleOptions, json_line
 from specli.io.outputs import check_output_dir
 
@@ -163,7 +162,7 @@ def _load(task: str, kw: dict, p: Preset, language: str | None) -> Engine:
     """Load the engine, rejecting (exit 2) a task or language the model cannot do, before any input."""
     check_model_name(kw["model"] or p.model, task, language)
     engine = load_engine(p, kw["model"], kw["dtype"], language, kw["compile_encoder"], kw["device"])
-    speech_hooks(engine.model).check_support(engine.preset.model, task, language)
+    engine.model.speech_hooks().check_support(engine.preset.model, task, language)
     if engine.model.target.compiled_encoder is not None:
         click.echo(f"encoder compiled in {engine.model.target.compiled_encoder.compile_seconds:.1f} s", err=True)
     return engine

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 from specli.asr.drafters.eagle_head import target_fingerprint
-from specli.asr.speech import speech_hooks
 from specli.asr.windows import WindowReader
 from specli.distill.data import (DataSummary, Progress, add_shard, dtype_name, file_sha256, read_manifest,
                                  window_record, write_manifest)
@@ -108,7 +107,7 @@ def locate(entry: dict, search: Sequence[Path]) -> Path:
 
 def file_records(model: WhisperModel, path: Path, windows: list[dict]) -> list[dict]:
     """The shard records of one file's labelled windows, recomputed from its audio."""
-    hooks, target = speech_hooks(model), model.target
+    hooks, target = model.speech_hooks(), model.target
     reader = WindowReader(iter_audio_chunks(path))
     records = []
     for w in sorted(windows, key=lambda w: w["start"]):

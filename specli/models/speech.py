@@ -3,20 +3,104 @@
 ``specli.asr``'s window loop (30-s windows, fallback, segments, seek, writers, resume, batching) is one loop
 for every family. What differs between families comes from the loaded model's hooks, :class:`SpeechHooks`:
 a window's input features, its decode job (prompt, logit rules, stop token, probe), the language, and
-whether the model writes timestamp tokens. A family's loaded model supplies them as ``model.speech_hooks()``
-(Qwen2-Audio); the built-in Whisper family's hooks live in ``specli.asr.speech`` beside the options they read.
+whether the model writes timestamp tokens, and word timings where the family has them. Every family's loaded
+model is a :class:`SpeechModel`: its target, its tokenizer and its hooks (``model.speech_hooks()``; Whisper's are
+``specli.models.whisper.hooks``). The options a window is decoded with (:class:`DecodingOptions`: temperatures,
+fallback thresholds, prompts, suppressed ids) live here too, below both the hooks and the pipeline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 import torch
 
 from specli.core.job import DecodeJob
-from specli.core.types import TargetState
+from specli.core.types import Target, TargetState
+from specli.errors import UsageError
+
+WHISPER_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # openai-whisper's fallback schedule
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How each 30-s window is decoded (openai-whisper / faster-whisper options); validated."""
+
+    temperatures: tuple[float, ...] = WHISPER_TEMPERATURES  # tried in order while a decode fails
+    best_of: int = 5  # samples drawn at a temperature > 0; the most likely one is kept
+    beam_size: int | None = None  # plain beam search at temperature 0 (None: greedy / speculative)
+    patience: float | None = None  # beam search: stop after beam_size * patience finished (None: 1.0)
+    length_penalty: float | None = None  # ranking: None divides by length, else ((5 + n) / 6) ** alpha
+    compression_ratio_threshold: float | None = 2.4  # above: too repetitive, fall back (None: never)
+    logprob_threshold: float | None = -1.0  # average log-prob below: fall back (None: never)
+    no_speech_threshold: float | None = 0.6  # <|nospeech|> prob above: silence, no fallback (None: off)
+    fallback_silence: bool = True  # a likely-silent window whose first decode failed is skipped (specli)
+    condition_on_previous_text: bool = True  # prompt each window with the previous windows' text
+    prompt_reset_on_temperature: float = 0.5  # a window decoded above this does not prompt the next
+    initial_prompt: str | None = None  # text put before the first window (<|startofprev|> + text)
+    hotwords: str | None = None  # text put before every window's previous text (faster-whisper)
+    suppress_tokens: tuple[int, ...] = (-1,)  # ids never emitted; -1 = the model's non-speech set
+    seed: int | None = None  # seed of the file's random generator (sampling); None: random
+
+    def __post_init__(self) -> None:
+        if not self.temperatures or any(not 0.0 <= t <= 10.0 or math.isnan(t) for t in self.temperatures):
+            raise UsageError("temperatures must be a non-empty list of values within 0..10")
+        if self.best_of < 1:
+            raise UsageError("best_of must be >= 1")
+        if self.beam_size is not None and not 1 <= self.beam_size <= 64:
+            raise UsageError("beam_size must be within 1..64")
+        if self.patience is not None and (self.patience <= 0 or self.beam_size is None):
+            raise UsageError("patience must be > 0 and needs a beam size")
+        if self.length_penalty is not None and not 0.0 <= self.length_penalty <= 1.0:
+            raise UsageError("length_penalty must be within 0..1")
+        if self.no_speech_threshold is not None and not 0.0 <= self.no_speech_threshold <= 1.0:
+            raise UsageError("no_speech_threshold must be within 0..1")
+        if any(t < -1 for t in self.suppress_tokens):
+            raise UsageError("suppress_tokens are token ids (>= 0) or -1")
+
+    def at(self, temperature: float) -> DecodingOptions:
+        """These options for one attempt at ``temperature``."""
+        return replace(self, temperatures=(temperature,))
+
+    @property
+    def temperature(self) -> float:
+        """The temperature of a one-attempt options object (the first one otherwise)."""
+        return self.temperatures[0]
+
+
+def suppress_ids(options: DecodingOptions, default: tuple[int, ...], always: tuple[int, ...]) -> tuple[int, ...]:
+    """Ids the logit rules mask: the user's ids, the model's ``default`` set where -1 is given, and
+    the control tokens openai-whisper always suppresses (``always``: task, sot, sot_prev, no-speech)."""
+    ids = {t for t in options.suppress_tokens if t >= 0} | set(always)
+    if -1 in options.suppress_tokens:
+        ids |= set(default)
+    return tuple(sorted(ids))
+
+PREPEND_PUNCTUATIONS = "\"'“¿([{-"  # merged into the following word (openai-whisper's default)
+APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"  # merged into the preceding word (openai-whisper's default)
+
+
+@dataclass(frozen=True)
+class Word:
+    """One word of a segment with its time span."""
+
+    start: float  # seconds from the start of the file
+    end: float  # seconds from the start of the file
+    word: str  # text as it appears in the segment (with its leading space)
+    probability: float  # mean probability of the word's tokens
+
+
+@dataclass(frozen=True)
+class WindowWords:
+    """Segments of one window with words and adjusted times, and where speech last ended."""
+
+    segments: list  # the input segments, ``dataclasses.replace``-d with start, end and words
+    last_speech: float  # where speech last ended so far (seconds from the file start)
+    last_word_end: float | None = None  # end of this window's last word (else last segment), if any
 
 
 @dataclass(frozen=True)
@@ -57,3 +141,42 @@ class SpeechHooks(Protocol):
 
     def window_job(self, prompt: WindowPrompt) -> DecodeJob:
         """The decode job of one window."""
+
+    def align_words(self, state: TargetState, segments: Sequence, *, language: str | None, task: str,
+                    time_offset: float, num_frames: int, last_speech: float, prepend_punctuations: str,
+                    append_punctuations: str) -> WindowWords:
+        """Word timings of one decoded window's ``segments`` (asked only when :attr:`word_timestamps`)."""
+
+
+class SpeechTarget(Target, Protocol):
+    """A speech family's target: an audio encoder in front of the decoder every decode loop scores."""
+
+    dtype: torch.dtype  # the decoder's weights' dtype
+    compiled_encoder: object | None  # the encoder compiled by torch.compile (its compile_seconds); None: eager
+
+    def encode(self, mel: torch.Tensor, frames: Sequence[int] | None = None) -> torch.Tensor:
+        """Audio features ``[k, audio_ctx, d_model]`` of ``k`` windows' features ``[k, n_mels, 3000]``."""
+
+    def start(self, audio_features: torch.Tensor, max_len: int | None = None,
+              features: torch.Tensor | None = None) -> TargetState:
+        """A fresh decoder state (empty cache) over one window's audio features."""
+
+
+class SpeechTokenizer(Protocol):
+    """A speech family's text side."""
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``."""
+
+    def decode(self, tokens: list[int]) -> str:
+        """The text of ``tokens``."""
+
+
+class SpeechModel(Protocol):
+    """A loaded speech-to-text model of any family: what ``specli.asr`` transcribes with."""
+
+    target: SpeechTarget
+    tokenizer: SpeechTokenizer
+
+    def speech_hooks(self) -> SpeechHooks:
+        """The family's part of the window loop."""

@@ -15,7 +15,6 @@ from specli.asr.drafters.dynamic_tree import DynamicTreeDrafter, DynamicTreeOpti
 from specli.asr.drafters.eagle import EagleDrafter
 from specli.asr.drafters.eagle_head import load_head
 from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
-from specli.asr.speech import speech_hooks
 from specli.core.drafters.base import Drafter
 from specli.core.drafters.llm.loading import load_drafter
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
@@ -48,7 +47,7 @@ def _draft_whisper(model: WhisperModel, spec: DraftSpec, dtype: str) -> WhisperM
 
 @DRAFTERS.register(TASK, "pool")
 def pool(model, spec: DraftSpec, language: str | None, dtype: str) -> Drafter:
-    return NgramDrafter(NgramPool(spec.ngram), speech_hooks(model).eot)
+    return NgramDrafter(NgramPool(spec.ngram), model.speech_hooks().eot)
 
 
 @DRAFTERS.register(TASK, "model")

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from specli.core.device import DTYPES, resolve_device, resolve_dtype
+from specli.models.whisper.hooks import WhisperHooks
 from specli.models.whisper.resolve import resolve_model
 from specli.models.whisper.tokenizer import WhisperSpecialTokens, WhisperTokenizer
 from specli.models.whisper.target import WhisperTarget
@@ -27,6 +28,10 @@ class WhisperModel:
     @property
     def special(self) -> WhisperSpecialTokens:
         return self.tokenizer.special
+
+    def speech_hooks(self) -> WhisperHooks:
+        """Whisper's part of the window loop (:class:`specli.models.speech.SpeechHooks`)."""
+        return WhisperHooks(self.target, self.tokenizer)
 
 
 def load_whisper(name_or_path: str, dtype: str = "float32", compile_encoder: bool = False,

@@ -11,7 +11,7 @@ spaces), punctuation is merged into neighbouring words, and openai-whisper's heu
 over-long words at sentence and segment boundaries (one deviation: where openai-whisper lets a
 clipped first or last word spill past its segment's edge, it is clipped to the segment, so every
 word lies inside its segment). Unless the window ended on a single timestamp, the next window
-starts where the last word ended (:func:`word_seek`). The decoding strategy plays no part: this
+starts where the last word ended (``specli.asr.segments.word_seek``). The decoding strategy plays no part: this
 runs on the window's final tokens, so speculative presets and plain greedy give the same words.
 """
 
@@ -27,26 +27,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specli.models.whisper.loader import WhisperModel
-from specli.models.whisper.target import DecoderState
+from specli.models.speech import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, WindowWords, Word
+from specli.models.whisper.target import DecoderState, WhisperTarget
+from specli.models.whisper.tokenizer import WhisperTokenizer
 
-PREPEND_PUNCTUATIONS = "\"'“¿([{-"  # merged into the following word
-APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"  # merged into the preceding word
 MEDIAN_FILTER_WIDTH = 7  # frames (openai-whisper's medfilt_width)
 QK_SCALE = 1.0  # attention-logit scale before the softmax (openai-whisper's qk_scale)
 TOKENS_PER_SECOND = 50  # encoder positions per second (HOP_LENGTH 160 at 16 kHz, stride 2)
 NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})  # split words on unicode boundaries
 SENTENCE_END_MARKS = ".。!！?？"
-
-
-@dataclass(frozen=True)
-class Word:
-    """One word of a segment with its time span."""
-
-    start: float  # seconds from the start of the file
-    end: float  # seconds from the start of the file
-    word: str  # text as it appears in the segment (with its leading space)
-    probability: float  # mean probability of the word's tokens
 
 
 @dataclass
@@ -67,15 +56,6 @@ class _HasTokens(Protocol):
 
 
 S = TypeVar("S", bound=_HasTokens)
-
-
-@dataclass(frozen=True)
-class WindowWords:
-    """Segments of one window with words and adjusted times, and where speech last ended."""
-
-    segments: list  # the input segments, ``dataclasses.replace``-d with start, end and words
-    last_speech: float  # where speech last ended so far (seconds from the file start)
-    last_word_end: float | None = None  # end of this window's last word (else last segment), if any
 
 
 # --------------------------------------------------------------------------------------- primitives
@@ -205,7 +185,8 @@ def merge_punctuations(timings: list[_Timing], prepended: str, appended: str) ->
 
 
 def find_alignment(
-    model: WhisperModel,
+    target: WhisperTarget,
+    tokenizer: WhisperTokenizer,
     state: DecoderState,
     text_tokens: list[int],
     language: str | None,
@@ -218,7 +199,7 @@ def find_alignment(
     mel frames, from the cross-attention of the model's alignment heads and DTW."""
     if not text_tokens or num_frames < 2:  # nothing to align, or no encoder position to align to
         return []
-    sp, target = model.special, model.target
+    sp = tokenizer.special
     prompt = sp.prompt(language, task, timestamps=False)  # sot [language task] <|notimestamps|>
     n_sot = len(prompt) - 1
     seq = torch.tensor([[*prompt, *text_tokens, sp.eot]], device=state.audio_features.device)  # [1, n]
@@ -233,7 +214,7 @@ def find_alignment(
     matrix = weights.mean(dim=0)[n_sot:-1]  # [1 + len(text_tokens), frames]
     text_idx, time_idx = dtw(-matrix.double().cpu().numpy())
 
-    words, word_tokens = split_to_word_tokens(model.tokenizer.decode, [*text_tokens, sp.eot], sp.eot, language)
+    words, word_tokens = split_to_word_tokens(tokenizer.decode, [*text_tokens, sp.eot], sp.eot, language)
     if len(word_tokens) <= 1:
         return []
     bounds = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
@@ -286,7 +267,8 @@ def _fit_segment(words: list[_Timing], start: float, end: float, last_speech: fl
 
 
 def add_word_timestamps(
-    model: WhisperModel,
+    target: WhisperTarget,
+    tokenizer: WhisperTokenizer,
     state: DecoderState,
     segments: Sequence[S],
     *,
@@ -303,9 +285,9 @@ def add_word_timestamps(
     ``num_frames`` its real mel frames, ``last_speech`` where speech last ended before it."""
     if not segments:
         return WindowWords([], last_speech)
-    eot = model.special.eot
+    eot = tokenizer.special.eot
     per_segment = [[t for t in s.tokens if t < eot] for s in segments]
-    timings = find_alignment(model, state, [t for toks in per_segment for t in toks], language, task, num_frames)
+    timings = find_alignment(target, tokenizer, state, [t for toks in per_segment for t in toks], language, task, num_frames)
     durations = np.array([t.end - t.start for t in timings])
     durations = durations[durations.nonzero()]
     median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
@@ -340,15 +322,3 @@ def last_end(segments: Sequence) -> float | None:
             return seg.words[-1].end
     return segments[-1].end if segments else None
 
-
-def word_seek(tokens: list[int], timestamp_begin: int, seek: int, advance: int, end: float | None) -> int:
-    """The seek advance (mel frames) once words are known: unless the window ended on a single
-    timestamp, decoding resumes where the last word ends (openai-whisper's rule).
-
-    ``tokens`` are the window's decoded tokens, ``seek`` its start and ``advance`` the advance
-    the timestamps gave, both in mel frames; ``end`` is :attr:`WindowWords.last_word_end`.
-    """
-    single_ending = len(tokens) >= 2 and tokens[-2] < timestamp_begin <= tokens[-1]
-    if single_ending or end is None or end <= seek / 100:
-        return advance
-    return max(1, round(end * 100) - seek)

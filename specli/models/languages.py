@@ -1,12 +1,8 @@
-"""Spoken languages: Whisper's language table, name/code normalisation, model checks and detection."""
+"""Spoken languages: the language table (Whisper's codes and names, which every family's options use), name/code
+normalisation, and the check of an English-only model name (``*.en``) made before anything loads."""
 
 from __future__ import annotations
 
-import torch
-
-from specli.models.whisper.tokenizer import WhisperSpecialTokens
-from specli.models.whisper.target import DecoderState
-from specli.core.types import Target
 from specli.errors import UsageError
 
 # Whisper's language codes and names, in its language-token order (the multilingual models have the first
@@ -65,7 +61,7 @@ def looks_english_only(model: str) -> bool:
     return model.rstrip("/\\").lower().endswith(".en")
 
 
-def _english_only_problem(model: str, task: str, language: str | None) -> str | None:
+def english_only_problem(model: str, task: str, language: str | None) -> str | None:
     if task == "translate":
         return f"model {model!r} is English-only and cannot translate: use a multilingual model"
     if language not in (None, "en"):
@@ -76,34 +72,6 @@ def _english_only_problem(model: str, task: str, language: str | None) -> str | 
 
 def check_model_name(model: str, task: str, language: str | None) -> None:
     """Reject an English-only model (by its name) with a non-English language or translate, before loading."""
-    problem = _english_only_problem(model, task, language) if looks_english_only(model) else None
+    problem = english_only_problem(model, task, language) if looks_english_only(model) else None
     if problem:
         raise UsageError(problem)
-
-
-def check_model_support(special: WhisperSpecialTokens, model: str, task: str, language: str | None) -> None:
-    """After loading: reject a task or language the model's tokens cannot express (exit 2)."""
-    if not special.multilingual:
-        problem = _english_only_problem(model, task, language)
-        if problem:
-            raise UsageError(problem)
-    elif language is not None and language not in special.languages:
-        raise UsageError(f"model {model!r} has no language token for {language!r} ({LANGUAGES.get(language)})")
-
-
-def detect_language(target: Target, state: DecoderState, special: WhisperSpecialTokens) -> dict[str, float]:
-    """Probabilities of each language after ``<|startoftranscript|>``, most likely first.
-
-    Scores one token on ``state`` and rolls the cache back afterwards.
-    """
-    if not special.multilingual or not special.languages:
-        raise ValueError("this model has no language tokens")
-    start = state.cache.length
-    device = state.cache.keys.device
-    logits = target.score(state, torch.tensor([[special.sot]], device=device)).logits[0, -1]
-    state.cache.crop(start)
-    codes = list(special.languages)
-    ids = torch.tensor([special.languages[c] for c in codes], device=logits.device)
-    probs = logits[ids].softmax(-1)
-    order = probs.argsort(descending=True).tolist()
-    return {codes[i]: float(probs[i]) for i in order}

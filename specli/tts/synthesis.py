@@ -312,15 +312,29 @@ def sampler_options(name: str, model: CosyVoiceModel, temperature: float | None 
     return SamplerOptions(name, *given)  # type: ignore[arg-type]
 
 
-def load_synthesizer(preset: SynthesisPreset, model: str | None = None, draft: str | None = None,
-                     sampler: str | None = None, temperature: float | None = None, top_p: float | None = None,
-                     top_k: int | None = None, repetition_penalty: float | None = None, seed: int = 0,
-                     device: str | None = None) -> Synthesizer:
-    """Load the preset's CosyVoice LM (or ``model``) on ``device`` (default: the preset's) and build its
-    synthesizer; arguments override the preset."""
-    loaded = family(preset.family).load(model or preset.model, preset.dtype,
-                                        device=resolve_device(device or preset.device))
-    return build_synthesizer(preset, loaded, draft, sampler, temperature, top_p, top_k, repetition_penalty, seed)
+@dataclass(frozen=True)
+class LoadOptions:
+    """What a run sets over its synthesis preset when loading (None: the preset's own)."""
+
+    model: str | None = None  # model directory or hub id (None: the preset's model)
+    draft: str | None = None  # drafter name or draft directory ("none": no speculation)
+    sampler: str | None = None  # sampler name (greedy, ras, vllm, ...)
+    temperature: float | None = None  # sampling temperature
+    top_p: float | None = None  # nucleus cut-off
+    top_k: int | None = None  # top-k cut-off
+    repetition_penalty: float | None = None  # penalty on repeated speech tokens
+    seed: int = 0  # seed of every request's generator
+    device: str | None = None  # torch device ("cpu", "cuda", ...; None: the preset's)
+
+
+def load_synthesizer(preset: SynthesisPreset, options: LoadOptions = LoadOptions()) -> Synthesizer:
+    """Load the preset's CosyVoice LM (or ``options.model``) on ``options.device`` (default: the preset's) and
+    build its synthesizer; set options override the preset."""
+    o = options
+    loaded = family(preset.family).load(o.model or preset.model, preset.dtype,
+                                        device=resolve_device(o.device or preset.device))
+    return build_synthesizer(preset, loaded, o.draft, o.sampler, o.temperature, o.top_p, o.top_k,
+                             o.repetition_penalty, o.seed)
 
 
 def build_synthesizer(preset: SynthesisPreset, loaded: CosyVoiceModel, draft: str | None = None,

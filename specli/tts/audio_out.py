@@ -34,8 +34,8 @@ from specli.models.cosyvoice.text import CV3_DEFAULT_PROMPT, ENDOFPROMPT
 from specli.errors import AudioError, UsageError
 from specli.io.batch import Outcome
 from specli.tts.pipeline import (OutputWriteError, Resume, RunOptions, SpeechItem, content_fingerprint, failed,
-                                 own_outputs, report_in_order, request_settings, result_record, run_items,
-                                 settled_item, write_output)
+                                 own_outputs, report_in_order, request_settings, result_record, settled_item,
+                                 write_output)
 
 __all__ = ["AudioOptions", "SpokenLine", "Voice", "audio_path", "audio_record", "audio_settings", "prepare_voice",
            "run_audio_synthesis", "vocoder_generator", "voice_settings"]
@@ -176,17 +176,6 @@ def _line_voice(vocalizer: Vocalizer, item: SpeechItem, run_voice: Voice,
                           prompt_tokens=request.prompt_tokens or voice.prompt_tokens)
 
 
-def _render_one(synth: Synthesizer, vocalizer: Vocalizer, item: SpeechItem, request: SynthesisRequest, path: Path,
-                settings: dict, options: AudioOptions, voice: Voice) -> Outcome:
-    """Speak one line's ``request`` to ``path`` (its sidecar with ``settings`` and the record first)."""
-    t0 = time.perf_counter()
-    result = synth.synthesize(request)
-    llm_seconds = time.perf_counter() - t0
-    audio = joined_audio([vocalizer.render(tokens, voice.flow, vocoder_generator(options.seed, pid),
-                                           options.sample_rate) for pid, tokens in result.segments()])
-    return _write_audio(item, SpokenLine(result, audio, llm_seconds), path, settings, options)
-
-
 def joined_audio(parts: list[RenderedAudio]) -> RenderedAudio:
     """The audio of a line spoken in pieces: the pieces' samples one after another (no gap, as upstream joins
     the speech of its text pieces), stage counters and times added up."""
@@ -223,7 +212,8 @@ def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[Sp
     the same speech tokens), each file written as its audio is done, outcomes reported in input order. A batched
     row's LLM seconds are its time in the shared decode."""
     voice = voice or Voice(VoicePrompt.none(vocalizer.spec.mel.n_mels))
-    resume, output_dir, batch_size = run.resume_for(synth), run.output_dir, run.batch_size
+    resume, output_dir = run.resume_for(synth), run.output_dir
+    batch_size = max(run.batch_size, 1)  # below 1: one at a time, as 1
     run_settings = {**resume.settings, "audio": audio_settings(vocalizer, options)}
     if vocalizer.spec.vocoder == "hift":  # HiFT draws its source noise from the seed; HiFi-GAN draws none
         run_settings["seed"] = options.seed
@@ -240,85 +230,116 @@ def run_audio_synthesis(synth: Synthesizer, vocalizer: Vocalizer, items: list[Sp
         settings = {**run_settings, "request": request_settings(it.request), "voice": line_voice}
         return audio_path(output_dir, it.request.id, options.format), settings
 
-    if batch_size > 1:
-        pairs = _run_audio_batched(synth, vocalizer, items, target, options, (voice, cache), resume, batch_size)
-        return report_in_order(synth, pairs, run.on_outcome)
-
-    def produce(it: SpeechItem, path: Path, settings: dict) -> Outcome:
-        line_voice, request = _line_voice(vocalizer, it, voice, cache)
-        return _render_one(synth, vocalizer, it, request, path, settings, options, line_voice)
-
-    return report_in_order(synth, run_items(items, resume, target, produce, _LINE_ERRORS), run.on_outcome)
-
-
-_LINE_ERRORS = (SynthesisInputError, RenderError, AudioError, UsageError)  # what fails one line, not the run
+    pairs = _run_audio(synth, vocalizer, _rows(vocalizer, items, target, (voice, cache), resume), options,
+                       batch_size)
+    return report_in_order(synth, pairs, run.on_outcome)
 
 
 @dataclass(frozen=True)
 class _Row:
-    """A line on its way through the batched stages."""
+    """A line on its way through the audio stages."""
 
     k: int  # its input position
+    item: SpeechItem  # its input line
     path: Path  # its audio file
     settings: dict  # its resume settings
     voice: Voice  # its voice
     request: SynthesisRequest  # its request, LLM prompt filled in
 
 
-def _run_audio_batched(synth: Synthesizer, vocalizer: Vocalizer, items: list[SpeechItem],
-                       target: Callable[[SpeechItem], tuple[Path, dict]], options: AudioOptions,
-                       voices: tuple[Voice, dict[tuple[str, str], Voice]], resume: Resume, batch_size: int
-                       ) -> Iterator[tuple[int, Outcome]]:
-    """:func:`run_audio_synthesis` with ``batch_size`` rows decoding together; finished rows are rendered
-    ``batch_size`` at a time (and the last ones when the LLM is done)."""
-    rows: list[_Row] = []
+_Spoken = tuple[_Row, SynthesisResult, float]  # a row, its speech tokens and its LLM seconds
+
+
+def _rows(vocalizer: Vocalizer, items: list[SpeechItem], target: Callable[[SpeechItem], tuple[Path, dict]],
+          voices: tuple[Voice, dict[tuple[str, str], Voice]], resume: Resume) -> Iterator[tuple[int, Outcome | _Row]]:
+    """Each line as it comes: its outcome when it needs no synthesis (a bad line, a kept output, a voice that
+    cannot be prepared), else its :class:`_Row`."""
     for k, it in enumerate(items):
         out, path, settings = settled_item(it, resume, target)
         if out is None:
             try:
                 line_voice, request = _line_voice(vocalizer, it, *voices)
-                rows.append(_Row(k, path, settings, line_voice, request))
+                yield k, _Row(k, it, path, settings, line_voice, request)
                 continue
             except (AudioError, UsageError) as exc:
                 out = failed(it, str(exc))
         yield k, out
-    done: list[tuple[_Row, SynthesisResult]] = []
-    for j, res in synth.synthesize_batch([row.request for row in rows], batch_size):
+
+
+def _speech(synth: Synthesizer, rows: Iterator[tuple[int, Outcome | _Row]], batch_size: int
+            ) -> Iterator[tuple[int, Outcome | _Spoken]]:
+    """The LLM stage: batch 1 speaks each line as it comes (its LLM seconds the wall time of its decode); a larger
+    batch takes every line first and decodes up to ``batch_size`` together (a row's LLM seconds: its time in the
+    shared decode). A request that cannot be spoken fails its line."""
+    if batch_size == 1:
+        for k, row in rows:
+            if isinstance(row, Outcome):
+                yield k, row
+                continue
+            t0 = time.perf_counter()
+            try:
+                res = synth.synthesize(row.request)
+            except SynthesisInputError as exc:
+                yield k, failed(row.item, str(exc))
+                continue
+            yield k, (row, res, time.perf_counter() - t0)
+        return
+    pending: list[_Row] = []
+    for k, row in rows:
+        if isinstance(row, Outcome):
+            yield k, row
+        else:
+            pending.append(row)
+    for j, res in synth.synthesize_batch([row.request for row in pending], batch_size):
+        row = pending[j]
         if isinstance(res, SynthesisInputError):
-            yield rows[j].k, failed(items[rows[j].k], str(res))
+            yield row.k, failed(row.item, str(res))
+        else:
+            yield row.k, (row, res, res.stats.decode_seconds)
+
+
+def _run_audio(synth: Synthesizer, vocalizer: Vocalizer, rows: Iterator[tuple[int, Outcome | _Row]],
+               options: AudioOptions, batch_size: int) -> Iterator[tuple[int, Outcome]]:
+    """:func:`run_audio_synthesis` for any batch size: the LLM stage speaks the lines (:func:`_speech`); the rows
+    it finishes are rendered ``batch_size`` at a time (and the last ones when it is done), each file written as
+    its audio is done. Batch 1 renders a line's pieces one after another (as :meth:`Vocalizer.render`)."""
+    flow_together = None if batch_size > 1 else False
+    done: list[_Spoken] = []
+    for k, spoken in _speech(synth, rows, batch_size):
+        if isinstance(spoken, Outcome):
+            yield k, spoken
             continue
-        done.append((rows[j], res))
+        done.append(spoken)
         if len(done) == batch_size:
-            yield from _render_done(vocalizer, items, done, options)
+            yield from _render_done(vocalizer, done, options, flow_together)
             done = []
-    yield from _render_done(vocalizer, items, done, options)
+    yield from _render_done(vocalizer, done, options, flow_together)
 
 
-def _render_done(vocalizer: Vocalizer, items: list[SpeechItem], done: list[tuple[_Row, SynthesisResult]],
-                 options: AudioOptions) -> Iterator[tuple[int, Outcome]]:
+def _render_done(vocalizer: Vocalizer, done: list[_Spoken], options: AudioOptions, flow_together: bool | None
+                 ) -> Iterator[tuple[int, Outcome]]:
     """Render and write the rows the LLM finished (each piece of a line spoken in pieces a render job of its
     own), yielding each outcome as its file is written."""
     jobs, owner = [], []  # owner[j]: the done row whose piece job j renders
-    for d, (row, res) in enumerate(done):
+    for d, (row, res, _) in enumerate(done):
         for pid, tokens in res.segments():
             jobs.append((tokens, row.voice.flow, vocoder_generator(options.seed, pid)))
             owner.append(d)
     parts: dict[int, dict[int, RenderedAudio | RenderError]] = {d: {} for d in range(len(done))}
     counts = {d: owner.count(d) for d in parts}
-    for j, audio in vocalizer.render_rows(jobs, options.sample_rate):
+    for j, audio in vocalizer.render_rows(jobs, options.sample_rate, flow_together):
         d = owner[j]
         parts[d][j] = audio
         if len(parts[d]) < counts[d]:
             continue
-        row, res = done[d]
-        item = items[row.k]
+        row, res, llm_seconds = done[d]
         pieces = [parts[d][k] for k in sorted(parts[d])]
         broken = next((a for a in pieces if isinstance(a, RenderError)), None)
         if broken is not None:
-            yield row.k, failed(item, str(broken))
+            yield row.k, failed(row.item, str(broken))
             continue
-        spoken = SpokenLine(res, joined_audio(pieces), res.stats.decode_seconds)
-        yield row.k, _write_audio(item, spoken, row.path, row.settings, options)
+        yield row.k, _write_audio(row.item, SpokenLine(res, joined_audio(pieces), llm_seconds), row.path,
+                                  row.settings, options)
 
 
 def audio_record(spoken: SpokenLine, path: Path, source: str = "") -> dict:

@@ -96,7 +96,7 @@ class ModelMemo:
         voice = _shipped_voice(model_dir)
         if voice is None:
             return REAL["vocalizer"](model_dir, kind, device, flow_steps, dtype, vocoder)
-        return self._get(("vocalizer", str(voice), kind, str(device), flow_steps, dtype, vocoder),
+        return self._get(("vocalizer", str(voice), kind, str(device), flow_steps, dtype, _vocoder_key(vocoder, dtype)),
                          lambda: REAL["vocalizer"](voice, kind, device, flow_steps, dtype, vocoder))
 
     def hifigan(self, path=None, config=None, sha256: str | None = None, device: torch.device | str = "cpu"):
@@ -104,6 +104,14 @@ class ModelMemo:
         if path is not None or config is not None or sha256 is not None:
             return REAL["hifigan"](path, config, sha256, device)
         return self._get(("hifigan", str(device)), lambda: REAL["hifigan"](device=device))
+
+
+def _vocoder_key(vocoder: str | None, dtype: torch.dtype) -> object:
+    """What a ``Vocalizer.from_dir`` vocoder argument loads: None and the flow's own dtype by name are the same
+    vocoder; "auto" resolves by torch's thread count at load time (``vocoder_dtype``: one thread or not)."""
+    if vocoder == "auto":
+        return ("auto", torch.get_num_threads() == 1)
+    return None if vocoder is None or DTYPES.get(vocoder) == dtype else vocoder
 
 
 @contextlib.contextmanager

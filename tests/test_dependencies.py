@@ -37,9 +37,12 @@ def _declared() -> set[str]:
 @functools.cache
 def _local_modules() -> frozenset[str]:
     """Module names the repository provides itself: the package, the voice's build (``scripts.voice``, run from the
-    repository), and the modules of the folders its scripts, benchmarks and tests run with on sys.path."""
+    repository), and the modules and packages of the folders its scripts, benchmarks and tests run with on
+    sys.path."""
     folders = ("scripts", "benchmarks", "tests")
-    return frozenset({"specli", "scripts"} | {p.stem for f in folders for p in (ROOT / f).glob("*.py")})
+    modules = {p.stem for f in folders for p in (ROOT / f).glob("*.py")}
+    packages = {p.parent.name for f in folders for p in (ROOT / f).glob("*/__init__.py")}  # e.g. tests/toy_asr
+    return frozenset({"specli", "scripts"} | modules | packages)
 
 
 def _imported_modules() -> dict[str, set[str]]:

@@ -271,3 +271,20 @@ def test_stale_temporary_files_are_removed_and_live_ones_kept(tmp_path):
     finally:
         os.close(fd)
     assert remove_stale_parts([out]) == [live]  # its writer is gone
+
+
+@pytest.mark.parametrize("call", ["flock", "fstat"])
+def test_a_signal_while_the_temporary_file_is_opened_leaves_none_behind(tmp_path, monkeypatch, call):
+    """SIGTERM / Ctrl-C raise in whatever line runs: one arriving between the temporary file's creation and its lock
+    still removes it (a SIGTERM mid-batch once left a `.part` beside the outputs)."""
+    import specli.io.atomic as atomic
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic.fcntl if call == "flock" else atomic.os, call, interrupted)
+    out = tmp_path / "a.txt"
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(out, "text")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -31,7 +32,13 @@ def write_atomic_with(path: Path, fill: Callable[[BinaryIO], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = None
     try:
-        fd, tmp = _open_part(path)
+        fd = None
+        while fd is None:  # the name is known before the file exists: a signal at any point still removes it
+            tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
+            try:
+                fd = _open_part(tmp)
+            except FileExistsError:  # another writer's name: never ours to remove
+                tmp = None
         with os.fdopen(fd, "wb") as fh:
             fill(fh)
             fh.flush()
@@ -39,21 +46,26 @@ def write_atomic_with(path: Path, fill: Callable[[BinaryIO], object]) -> None:
             os.replace(tmp, path)  # still locked: never taken for stale
     except BaseException as exc:
         if tmp is not None:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # e.g. a name too long to have been created
+                tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and (exc.filename is None or _PART.fullmatch(Path(exc.filename).name)):
             raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
 
 
-def _open_part(path: Path) -> tuple[int, Path]:
-    """A new temporary file beside ``path``, exclusively locked (a lock the kernel drops when the process dies)."""
-    while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+def _open_part(tmp: Path) -> int | None:
+    """Create the temporary file ``tmp``, exclusively locked (a lock the kernel drops when the process dies); None
+    when another run removed it as stale between the open and the lock (take another name)."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if os.fstat(fd).st_nlink:  # else removed as stale between the open and the lock: take another
-            return fd, tmp
+        if os.fstat(fd).st_nlink:
+            return fd
+    except BaseException:
         os.close(fd)
+        raise
+    os.close(fd)
+    return None
 
 
 def remove_stale_parts(paths: Iterable[Path]) -> list[Path]:

@@ -220,10 +220,10 @@ def _check_interrupted_outputs(out: Path, stderr: str, total: int) -> int:
 
 @pytest.mark.slow
 def test_sigint_mid_batch_exits_130_with_summary(tmp_path):
-    clips = copy_clips(tmp_path / "in", SHORT, copies=3)
+    clips = copy_clips(tmp_path / "in", SHORT, copies=4)
     out = tmp_path / "out"
     args = [sys.executable, "-m", "specli", "transcribe", tmp_path / "in", *TINY, "-o", out, "-f", "json",
-            "--threads", "1"]
+            "--threads", "1", "--batch-size", "1"]  # one at a time: batched files can all finish before the signal
     proc = subprocess.Popen(list(map(str, args)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
+from specli.core.drafters.llm.layout import VocabLayout  # a leaf module: no loop
 from specli.core.kv_cache import KVCache
-
-if TYPE_CHECKING:
-    from specli.core.drafters.llm.layout import VocabLayout
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from specli.models.whisper.encoder import EncoderBlock
+from specli.models.whisper.encoder import EncoderBlock
+
+if TYPE_CHECKING:  # target.py imports this module
     from specli.models.whisper.target import WhisperTarget
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specli.core.batched import RowJob, decode_all
-from specli.core.drafters.base import Drafter, finish_window
+from specli.core.drafters.base import Drafter
 from specli.core.drafters.batched import batch_drafter
 from specli.core.drafters.registry import DRAFTERS
 from specli.core.greedy import greedy_decode
@@ -256,7 +256,8 @@ class Synthesizer:
         if not jobs:
             return
         longest = max(len(j.job.prompt) + j.job.max_new_tokens + 2 for j in jobs)
-        finish_window(self.drafter)  # a request decoded before by synthesize() joins a shared pool
+        if self.drafter is not None:  # a request decoded before by synthesize() joins a shared pool
+            self.drafter.finish_window()
         drafter = None if self.drafter is None else batch_drafter(self.drafter, batch_size)  # one fork a row
         done: dict[int, dict[int, SynthesisResult]] = {}  # request index -> its finished pieces by job
         for j, res in decode_all(self.model.lm, jobs, batch_size, longest, drafter=drafter,
@@ -269,7 +270,8 @@ class Synthesizer:
 
     def finish(self) -> None:
         """Add the last request's output to the drafter's pool (end of a run)."""
-        finish_window(self.drafter)
+        if self.drafter is not None:
+            self.drafter.finish_window()
 
 
 def _result(request: SynthesisRequest, prep: PreparedRequest, res: DecodeResult) -> SynthesisResult:

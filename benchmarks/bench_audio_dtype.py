@@ -31,7 +31,7 @@ from specli.core.device import CPUINFO, cpu_flags, cpu_native_bf16  # noqa: E402
 from specli.models.cosyvoice.lm import load_cosyvoice  # noqa: E402
 from specli.presets.synthesis import load_synthesis_preset  # noqa: E402
 from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt  # noqa: E402
-from specli.tts.synthesis import SynthesisRequest, build_synthesizer  # noqa: E402
+from specli.tts.synthesis import PresetOverrides, SynthesisRequest, build_synthesizer  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -126,7 +126,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     preset = load_synthesis_preset(args.preset)
     model = load_cosyvoice(str(args.voice), preset.dtype)
-    synth = build_synthesizer(preset, model, seed=0)
+    synth = build_synthesizer(preset, model, PresetOverrides(seed=0))
     voices = {name: Vocalizer.from_dir(args.voice, "cosyvoice3", dtype=dtype) for name, dtype in DTYPES.items()}
     utterances, llm_seconds = [], 0.0
     for sid, text in sentences("heldout")[: args.sentences]:

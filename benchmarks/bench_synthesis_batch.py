@@ -31,7 +31,7 @@ from specli.presets.synthesis import load_synthesis_preset  # noqa: E402
 from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt  # noqa: E402
 from specli.tts.audio_out import AudioOptions, run_audio_synthesis  # noqa: E402
 from specli.tts.pipeline import Resume, RunOptions, read_items, synthesis_settings  # noqa: E402
-from specli.tts.synthesis import build_synthesizer  # noqa: E402
+from specli.tts.synthesis import PresetOverrides, build_synthesizer  # noqa: E402
 
 
 def best(fn, repeat: int) -> tuple[float, object]:
@@ -63,7 +63,7 @@ def main() -> None:
     preset = load_synthesis_preset("cosyvoice3-ar")
     model = load_cosyvoice(str(args.voice), "float32")
     vocalizer = Vocalizer.from_dir(args.voice, "cosyvoice3")
-    synth = build_synthesizer(preset, model, seed=0)
+    synth = build_synthesizer(preset, model, PresetOverrides(seed=0))
     tokens = [vocalizer.flow_tokens(synth.synthesize(it.request).tokens) for it in items]
     none = VoicePrompt.none(80)
     flow_rows = [(torch.tensor([t]), none.speech_tokens, none.prompt_mel, none.embedding) for t in tokens]
@@ -81,7 +81,7 @@ def main() -> None:
     def e2e(batch: int) -> float:
         out = work / f"wav-{batch}"
         t0 = time.perf_counter()
-        synth = build_synthesizer(preset, model, seed=0)
+        synth = build_synthesizer(preset, model, PresetOverrides(seed=0))
         run = RunOptions(out, Resume(synthesis_settings(synth), "overwrite"), batch)
         run_audio_synthesis(synth, vocalizer, items, run, AudioOptions("wav", None, 0))
         return time.perf_counter() - t0

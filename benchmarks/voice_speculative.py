@@ -35,7 +35,7 @@ from specli.bench.synthesis import SynthesisBenchOptions, run_synthesis_bench  #
 from specli.models.cosyvoice.lm import load_cosyvoice  # noqa: E402
 from specli.presets.synthesis import load_synthesis_preset  # noqa: E402
 from specli.tts.pipeline import read_items  # noqa: E402
-from specli.tts.synthesis import build_synthesizer  # noqa: E402
+from specli.tts.synthesis import PresetOverrides, build_synthesizer  # noqa: E402
 
 DRAFTERS = {"dspark": ("chain", 8, ""), "dspark-adaptive": ("adaptive", 8, ""), "dflash": ("chain", 3, ""),
             "eagle3": ("chain", 8, ""),
@@ -79,7 +79,7 @@ def batched(presets: dict[str, Path], texts: Path, voice: Path, sizes: tuple[int
     for _ in range(repeat + 1):  # the first pass warms up
         for size in sizes:
             for name in names:
-                synth = build_synthesizer(load_synthesis_preset(str(presets[name])), model, seed=0)
+                synth = build_synthesizer(load_synthesis_preset(str(presets[name])), model, PresetOverrides(seed=0))
                 t0 = time.perf_counter()
                 tokens = sum(len(res.tokens) for _, res in synth.synthesize_batch(requests, size))
                 wall = time.perf_counter() - t0

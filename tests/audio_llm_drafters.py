@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from specli.core.drafters.base import DraftProposal
+from specli.core.drafters.base import Drafter, DraftProposal
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """Proposes the reference continuation (always right), or each of its tokens plus one (always wrong)."""
 
     def __init__(self, reference: list[int], vocab: int, wrong: bool = False) -> None:
@@ -29,7 +29,7 @@ class OracleDrafter:
         pass
 
 
-class RandomTreeDrafter:
+class RandomTreeDrafter(Drafter):
     """Random trees of random tokens (seeded)."""
 
     def __init__(self, seed: int, vocab: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specli.core.drafters.base import DraftProposal, DraftRequest
+from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest
 from specli.core.kv_cache import KVCache
 from specli.core.logits import sample_inverse_cdf
 from specli.core.types import HiddenStates, ScoreOutput
@@ -91,7 +91,7 @@ def _draw(probs: torch.Tensor, request: DraftRequest) -> int:
     return int(sample_inverse_cdf(probs[None], u)[0])
 
 
-class IidTreeDrafter:
+class IidTreeDrafter(Drafter):
     """Samples ``width`` i.i.d. children of the root from its own filtered table, each with one child."""
 
     def __init__(self, model: TableTarget, width: int = 2) -> None:
@@ -124,7 +124,7 @@ class IidTreeDrafter:
         pass
 
 
-class WrongDrafter:
+class WrongDrafter(Drafter):
     """Always wrong: proposes the never-emitted token everywhere (a chain)."""
 
     def start(self, state, prompt) -> None:
@@ -138,7 +138,7 @@ class WrongDrafter:
         pass
 
 
-class RandomTreeDrafter:
+class RandomTreeDrafter(Drafter):
     """Random point-mass trees over the whole vocabulary (seeded; independent of the decode's randomness)."""
 
     def __init__(self, seed: int) -> None:
@@ -157,7 +157,7 @@ class RandomTreeDrafter:
         pass
 
 
-class ArgmaxChainDrafter:
+class ArgmaxChainDrafter(Drafter):
     """Proposes the chain of its model's most likely tokens (filtered) as point masses, also when sampling."""
 
     def __init__(self, model: TableTarget) -> None:

@@ -157,11 +157,11 @@ def test_a_transcript_holding_the_audio_placeholder_is_text_in_its_record(tiny_d
     """A random target may emit its own audio placeholder id; decoding embeds it as text (its positions are past
     the prompt), so the record's states must too: one prefill of the prompt, then the transcript."""
     model = load_qwen2_audio(str(tiny_dir), "float32")
-    use_layers(model.target, recipe_layers(model.target))
+    layers = use_layers(model.target, recipe_layers(model.target))
     job, state = _window(model, 0, 3.0, 8)
     prompt = list(job.prompt)
     transcript = [5, model.target.audio_token, 7, model.target.audio_token]
-    rec = window_record(model.target, state.audio[0], prompt + transcript, len(prompt), "x#0")
+    rec = window_record(model.target, state.audio[0], prompt + transcript, len(prompt), "x#0", layers)
     state.cache.crop(0)
     model.target.score(state, torch.tensor([prompt]))
     steps = [model.target.score(state, torch.tensor([[t]])).hidden for t in transcript]

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from conftest import examples
 
 from specli.core.batched import BatchDecoder, RowJob, decode_all
-from specli.core.drafters.base import ModelDraftOptions
+from specli.core.drafters.base import Drafter, ModelDraftOptions
 from specli.core.drafters.batched import PerRowDrafters
 from specli.asr.drafters.eagle_head import EagleConfig, SpeechDraftHead
 from specli.asr.drafters.eagle import EagleDrafter
@@ -171,7 +171,7 @@ def test_batched_eagle_drafts_what_per_row_eagle_drafts(threshold, head):
         BatchedEagleDrafter(HEAD, 2, ModelDraftOptions(tree_topk=2))
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """Proposes the known greedy continuation of its row, then eot, then junk: eot sits inside the chain."""
 
     def __init__(self, refs: dict[tuple[int, ...], list[int]]) -> None:

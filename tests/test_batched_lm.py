@@ -19,7 +19,7 @@ from transformers import Qwen2ForCausalLM
 
 from cosyvoice_fixtures import qwen_config, write_checkpoint
 from specli.core.batched import RowJob, decode_all
-from specli.core.drafters.base import DraftProposal
+from specli.core.drafters.base import Drafter, DraftProposal
 from specli.core.drafters.batched import PerRowDrafters
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.greedy import greedy_decode
@@ -58,7 +58,7 @@ class EosAfter:
         return out
 
 
-class RandomChainDrafter:
+class RandomChainDrafter(Drafter):
     """Random chains over a few ids (some right by chance, most wrong); seeded."""
 
     def __init__(self, seed: int) -> None:

@@ -22,7 +22,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3Moe
 
 from conftest import examples
 
-from specli.core.drafters.base import DraftProposal
+from specli.core.drafters.base import Drafter, DraftProposal
 from specli.core.greedy import greedy_decode
 from specli.core.job import DecodeJob
 from specli.core.speculative import SpecOptions, speculative_decode
@@ -37,7 +37,7 @@ QWEN_VOCAB, QWEN_EOS = 97, 3
 QWEN_PROMPT = (5, 17, 29, 41, 8, 60, 12)
 
 
-class ListDrafter:
+class ListDrafter(Drafter):
     """Proposes ``budget`` tokens: the reference continuation (right), each reference token plus one (wrong) or
     random tokens in ``[low, high)``."""
 

@@ -23,6 +23,7 @@ from specli.models.moe import ExpertTally
 from specli.models.qwen3_omni.loader import load_qwen3_omni
 from specli.presets import load_preset
 from test_audio_llm_distill import _window
+from toy_asr import load_toy_asr
 
 DENSE = FixedCosts(draft_s=0.05, base=1.0, slope=0.08)
 OMNI = MoEProfile(experts=128, top_k=8, layers=48, share=0.6)  # roughly the 30B-A3B thinker
@@ -107,7 +108,7 @@ def test_tiny_omni_profile_counts_its_weights(tmp_path) -> None:
     model.target.experts.reset()
     model.target.experts.add(1, 3, 2 * 5)
     assert prior.experts(3) == 5
-    assert goodput_prior(object()) is DRAFT_COST_PRIOR  # a dense or foreign target: the plain prior
+    assert goodput_prior(load_toy_asr("toy-0").target) is DRAFT_COST_PRIOR  # a dense target: the plain prior
 
 
 def test_goodput_preset_on_the_tiny_moe_is_lossless(tmp_path) -> None:

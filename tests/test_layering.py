@@ -1,8 +1,10 @@
 """The house's layering, read from the import statements of every module (no import runs):
 
 * ``specli/core`` is model-neutral: it imports no model family, no pipeline, no command, no click or rich; it reads
-  no attribute that only a family's target has (a target is read through the protocols of ``core/types.py``), and it
-  probes by name (``getattr`` / ``hasattr``) only for the optional hooks of drafters, rules and stats records;
+  no attribute that only a family's target has (a target is read through the protocols of ``core/types.py``);
+* ``specli/core``, ``specli/asr`` and ``specli/tts`` probe for no capability by name (``getattr(x, "name", None)`` /
+  ``hasattr``): a capability is a protocol member with a default; ``PROBES_ALLOWED`` lists the few named reads left
+  (yaml nodes, torch.ops kernels, plain-callable rules), each with its reason;
 * ``specli/models`` sit below the pipelines: no ``asr``, ``tts``, ``commands``, ``bench``, ``distill``;
 * ``specli/asr`` names only the speech-model protocol (``specli.models.speech``): it imports no model family
   (``specli.models.<family>``), its Whisper-only drafters (``specli/asr/drafters``) aside;
@@ -109,9 +111,7 @@ def _family_only_names() -> set[str]:
 
 def _probes(tree: ast.AST) -> list[tuple[int, str | None]]:
     """``getattr`` / ``hasattr`` calls: (line, the attribute's name when spelled, else None)."""
-    return [(n.lineno, n.args[1].value if isinstance(n.args[1], ast.Constant) else None) for n in ast.walk(tree)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
-            and len(n.args) > 1]
+    return [(line, name) for line, name, _ in _probe_calls(tree)]
 
 
 def _attribute_reads(tree: ast.AST, names: set[str]) -> list[str]:
@@ -130,16 +130,54 @@ def test_core_reads_no_family_attribute() -> None:
     assert _attribute_reads(old, family) == ["line 2: .spec", "line 1: getattr qwen"]
 
 
-#: what core may probe for by name: a drafter's optional hooks (fork, batched, finish_window), a rule's shared
-#: log-probs (core/logits), a stats record's draft lengths (core/types.accumulate, which also adds counters by name)
-CORE_PROBES = frozenset({"fork", "batched", "finish_window", "with_logprobs", "draft_lengths"})
+#: the named probes (``getattr(x, "name", default)`` / ``hasattr(x, "name")``) left in core/, asr/ and tts/, each not a
+#: capability a protocol could declare: (module, attribute) -> why it stays
+PROBES_ALLOWED = {
+    ("specli.core.logits", "with_logprobs"): "LogitRules is a call signature (any callable); Whisper's rule adds"
+                                             " a fused log_softmax that a plain function cannot declare",
+    ("specli.core.types", "draft_lengths"): "accumulate adds into any record with DecodeStats' counters (bench rows);"
+                                            " only some keep the draft-length histogram",
+    ("specli.tts.acoustic.flow", "target"): "a hyperpyyaml node's field (a yaml entry, not one of our objects)",
+    ("specli.tts.acoustic.hift", "target"): "a hyperpyyaml node's field (a yaml entry, not one of our objects)",
+    ("specli.tts.acoustic.hift", "value"): "a hyperpyyaml node's field (a yaml entry, not one of our objects)",
+    ("specli.tts.acoustic.hift", "get"): "a yaml value that may be a mapping or a scalar",
+    ("specli.tts.acoustic.hifigan", "value"): "a hyperpyyaml node's field (a yaml entry, not one of our objects)",
+    ("specli.tts.acoustic.hifigan", "_convolution_pointwise"): "a torch.ops kernel this torch build may lack",
+    ("specli.tts.acoustic.cfm", "value"): "a hyperpyyaml node's field (a yaml entry, not one of our objects)",
+}
 
 
-def test_core_probes_only_optional_hooks() -> None:
-    probes = {name: found for name in MODULES if name.startswith("specli.core") and (found := _probes(_tree(name)))}
-    spelled = {attr for found in probes.values() for _, attr in found if attr is not None}
-    assert spelled <= CORE_PROBES
-    assert sum(map(len, probes.values())) <= len(CORE_PROBES) + 2  # + accumulate's two by counter name
+def _named_probes(tree: ast.AST) -> list[tuple[int, str]]:
+    """Capability probes: ``getattr(x, "name", default)`` and ``hasattr(x, "name")`` with a spelled name (a getattr
+    without a default reads a field that must be there; one by a computed name loops over known fields)."""
+    return [(line, name) for line, name, call in _probe_calls(tree) if name is not None
+            and (call.func.id == "hasattr" or len(call.args) > 2)]
+
+
+def _probe_calls(tree: ast.AST) -> list[tuple[int, str | None, ast.Call]]:
+    return [(n.lineno, n.args[1].value if isinstance(n.args[1], ast.Constant) else None, n) for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
+            and len(n.args) > 1]
+
+
+@pytest.mark.parametrize("package", ["specli.core", "specli.asr", "specli.tts"])
+def test_no_capability_probes_outside_the_allowed(package: str) -> None:
+    """A capability is a protocol member with a default (core/drafters/base.Drafter's fork / batched /
+    finish_window, models/speech.SpeechTarget's batch_target / moe_profile / experts, the Vocoder's source, the
+    Estimator's row_segments), not a ``getattr`` probe."""
+    found = sorted(f"{name} line {line}: {attr}" for name in MODULES if name.startswith(package + ".")
+                   for line, attr in _named_probes(_tree(name)) if (name, attr) not in PROBES_ALLOWED)
+    assert found == []
+
+
+def test_the_probe_check_sees_a_probe() -> None:
+    old = ast.parse('make = getattr(drafter, "fork", None)\nok = hasattr(t, "start_batch")\n'
+                    'x = getattr(self, name)\ny = getattr(node, "dims")\n')
+    assert _named_probes(old) == [(1, "fork"), (2, "start_batch")]
+    allowed_modules = {name for name, _ in PROBES_ALLOWED}
+    assert allowed_modules <= set(MODULES)
+    # every allowed probe is still there (a stale entry would hide a new probe of the same name)
+    assert {(name, attr) for name in allowed_modules for _, attr in _named_probes(_tree(name))} >= set(PROBES_ALLOWED)
 
 
 def test_models_import_no_pipeline_or_command() -> None:

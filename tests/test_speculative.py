@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from conftest import examples
 
 from specli.asr.drafters.model import ModelDrafter, ModelDraftOptions
+from specli.core.drafters.base import Drafter
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.drafters.recycling import RecyclingDrafter
 from specli.core.greedy import greedy_decode
@@ -71,7 +72,7 @@ def test_speculative_greedy_equals_greedy(name, audio_seed, extra, timestamps, m
     assert out.stats.verify_steps <= ref.stats.target_forwards
 
 
-class RecordingDrafter:
+class RecordingDrafter(Drafter):
     """Wraps a drafter and keeps every proposal it made (chains: their tokens, in order)."""
 
     def __init__(self, inner) -> None:

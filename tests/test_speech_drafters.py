@@ -22,7 +22,7 @@ import torch
 import test_synthesis_exactness as tse
 from cosyvoice_fixtures import write_checkpoint
 from speech_toy import EOS, NEVER, V, TableTarget
-from specli.core.drafters.base import DraftRequest
+from specli.core.drafters.base import Drafter, DraftRequest
 from specli.core.drafters.llm.dflash import BlockDrafter, new_dflash
 from specli.core.drafters.llm.dspark import new_dspark
 from specli.core.drafters.llm.eagle3 import Eagle3Drafter, new_eagle3
@@ -96,7 +96,7 @@ def test_greedy_is_token_identical_in_every_strategy(cv, kind):
     assert accepted > 0  # the small draft vocabulary gets drafts accepted: acceptance paths ran
 
 
-class Recording:
+class Recording(Drafter):
     """A drafter that records the tokens (and parents) of every proposal of the drafter it wraps."""
 
     def __init__(self, inner) -> None:

@@ -25,7 +25,7 @@ from specli.cli import main
 import specli.core.speculative as speculative
 from specli.core.logits import filter_logits
 from specli.core.sampling import request_generator
-from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, build_synthesizer, prepare
+from specli.tts.synthesis import PresetOverrides, SynthesisInputError, SynthesisRequest, build_synthesizer, prepare
 from specli.presets.synthesis import load_synthesis_preset
 
 TOL = 1e-5  # a decision closer than this to flipping is a near-tie
@@ -44,7 +44,7 @@ def model(tmp_path_factory):
 
 
 def _synth(model, preset: str, sampler: str):
-    return build_synthesizer(load_synthesis_preset(preset), model, sampler=sampler, seed=SEED)
+    return build_synthesizer(load_synthesis_preset(preset), model, PresetOverrides(sampler=sampler, seed=SEED))
 
 
 @pytest.fixture(scope="module")
@@ -215,10 +215,17 @@ def test_model_drafters_batch_with_the_batch_1_tokens(tmp_path, kind):
     draft = save_speculators(make_module(kind, load_cosyvoice(str(ckpt)).lm.draft_parts(), seed=1), tmp_path / kind)
     for sampler in ("greedy", "ras"):
         model = load_cosyvoice(str(ckpt))
-        synth = build_synthesizer(load_synthesis_preset(f"cosyvoice2-{kind}"), model, draft=str(draft),
-                                  sampler=sampler, seed=SEED)
+        synth = build_synthesizer(load_synthesis_preset(f"cosyvoice2-{kind}"), model,
+                                  PresetOverrides(draft=str(draft), sampler=sampler, seed=SEED))
         ref = {r.id: synth.synthesize(r).tokens for r in REQUESTS[:4]}
         for batch_size, order in ((1, [0, 1, 2, 3]), (3, [3, 1, 0, 2])):
             requests = [REQUESTS[i] for i in order]
             got = {requests[i].id: res.tokens for i, res in synth.synthesize_batch(requests, batch_size)}
             assert got == ref, (kind, sampler, batch_size)
+
+
+def test_preset_overrides_name_a_known_sampler() -> None:
+    """A run's overrides are checked where they are built: a sampler name that is none of the samplers."""
+    assert PresetOverrides(sampler="vllm", top_k=5).sampler == "vllm"
+    with pytest.raises(ValueError, match="unknown sampler 'beam': choose ras, vllm, greedy"):
+        PresetOverrides(sampler="beam")

@@ -16,7 +16,7 @@ import torch
 
 import test_synthesis_exactness as tse
 
-from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest
+from specli.core.drafters.base import EMPTY, Drafter, DraftProposal, DraftRequest
 from specli.core.logits import filter_logits
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.core.verify import reference as verify_reference
@@ -24,7 +24,7 @@ from specli.core.drafters.llm.speculators import save_speculators
 from specli.core.tree import chain_parents
 from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
 from specli.presets.synthesis import load_synthesis_preset, synthesis_preset_from_dict
-from specli.tts.synthesis import SynthesisRequest, build_synthesizer, prepare
+from specli.tts.synthesis import PresetOverrides, SynthesisRequest, build_synthesizer, prepare
 from test_speech_drafters import make_module
 from test_voice_roundtrip import SENTENCES
 
@@ -36,7 +36,7 @@ REQUESTS = [SynthesisRequest(f"s{i}", text) for i, text in enumerate(SENTENCES)]
 DISTANCE, POWER, POWER_RUNS = 0.4, 0.99, 200
 
 
-class ReplayDrafter:
+class ReplayDrafter(Drafter):
     """Proposes AR's next tokens (``wrong``: each shifted by one, never AR's token) for the decode whose prompt
     it knows; the reference is keyed by prompt."""
 
@@ -101,7 +101,7 @@ def test_fresh_draft_models_give_the_ar_tokens(voice: CosyVoiceModel, reference:
     draft = save_speculators(make_module(kind, voice.lm.draft_parts(), seed=2, layers=1), tmp_path / kind)
     loaded = (synthesis_preset_from_dict("tree", {**TREE, "drafter": kind}) if preset == "dynamic-tree"
               else load_synthesis_preset(preset))
-    synth = build_synthesizer(loaded, voice, draft=str(draft), sampler="greedy")
+    synth = build_synthesizer(loaded, voice, PresetOverrides(draft=str(draft), sampler="greedy"))
     for r in REQUESTS:
         res = synth.synthesize(r)
         assert list(res.tokens) == reference[r.id], (preset, r.text)
@@ -125,7 +125,7 @@ def test_the_shipped_drafter_gives_the_ar_tokens(voice: CosyVoiceModel, referenc
 
 
 def test_the_pool_gives_the_ar_tokens(voice: CosyVoiceModel, reference: dict[str, list[int]]) -> None:
-    synth = build_synthesizer(load_synthesis_preset("cosyvoice3-pool"), voice, sampler="greedy")
+    synth = build_synthesizer(load_synthesis_preset("cosyvoice3-pool"), voice, PresetOverrides(sampler="greedy"))
     for r in REQUESTS * 2:  # the second pass drafts from the first's tokens
         assert list(synth.synthesize(r).tokens) == reference[r.id], r.text
 
@@ -163,7 +163,7 @@ def test_the_shipped_drafter_keeps_the_sampled_distribution(voice: CosyVoiceMode
     before). The verifier's subtler faults are the toy targets' (test_synthesis_exactness, test_speech_drafters:
     0.26-0.31 there, detected at 1000 decodes); resampling from p instead of the residual moves this voice's
     first token by ~0.18, which even 600 decodes did not detect."""
-    synth = build_synthesizer(load_synthesis_preset("specli-en-dflash"), voice, sampler=sampler)
+    synth = build_synthesizer(load_synthesis_preset("specli-en-dflash"), voice, PresetOverrides(sampler=sampler))
     request = REQUESTS[0]
     p = _first_token_p(voice, synth, request)
     assert int((p > 0).sum()) > 3  # a real choice: the check has something to get wrong

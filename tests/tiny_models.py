@@ -7,7 +7,7 @@ import weakref
 import torch
 import transformers
 
-from specli.core.drafters.base import DraftProposal, DraftRequest
+from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest
 from specli.models.whisper.target import DecoderState, WhisperDims, WhisperTarget
 from specli.models.whisper.rules import WhisperLogitRules
 from specli.core.tree import chain_parents
@@ -61,7 +61,7 @@ def window(target: WhisperTarget, seed: int) -> DecoderState:
     return target.start(enc, features=mel)
 
 
-class AlwaysWrongDrafter:
+class AlwaysWrongDrafter(Drafter):
     """Proposes a suppressed token at every position: the target never accepts it."""
 
     def start(self, state: DecoderState, prompt: list[int]) -> None:
@@ -75,7 +75,7 @@ class AlwaysWrongDrafter:
         pass
 
 
-class RandomTreeDrafter:
+class RandomTreeDrafter(Drafter):
     """Proposes random trees (for tree verification); deterministic given its seed."""
 
     def __init__(self, seed: int) -> None:
@@ -94,7 +94,7 @@ class RandomTreeDrafter:
         pass
 
 
-class NoisyTreeDrafter:
+class NoisyTreeDrafter(Drafter):
     """Wraps a drafter: corrupts some of its tokens and adds random sibling branches (seeded)."""
 
     def __init__(self, inner, seed: int, corrupt: float = 0.3) -> None:

@@ -7,11 +7,11 @@ decode attempts (greedy at temperature 0, plain or speculative: the default) are
 :class:`~specli.core.batched.BatchDecoder` (speculative presets: EAGLE chains draft for all rows in
 one head forward, n-gram pool drafters one per row over the shared pool; other drafters cannot batch
 yet and their presets run at batch 1, see :func:`batch_unsupported`; a drafter batches through its own
-``batched`` hook or one ``fork`` per row, :func:`~specli.core.drafters.batched.batch_drafter`). A row that finishes frees its
-slot: its file moves on (segments, seek, next window) and its next window joins the batch, and a file
-that ends makes room for the next file of the archive. Everything else a file asks for (temperature-fallback re-decodes,
-best-of samples, beam search, language detection, word timestamps) runs for that file alone, inline,
-exactly as at batch 1. Results come back in completion order.
+``batched`` drafter or one ``fork`` per row, :func:`~specli.core.drafters.batched.batch_drafter`).
+A row that finishes frees its slot: its file moves on (segments, seek, next window) and its next window joins the
+batch, and a file that ends makes room for the next file of the archive. Everything else a file asks for
+(temperature-fallback re-decodes, best-of samples, beam search, language detection, word timestamps) runs for that
+file alone, inline, exactly as at batch 1. Results come back in completion order.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class _Running:
 def batch_unsupported(model: SpeechModel, decode: DecodeMethod) -> str | None:
     """Why ``decode`` cannot run batched on ``model`` (the caller then runs files one at a time and
     says so), or None."""
-    if not callable(getattr(model.target, "start_batch", None)):
+    if model.target.batch_target() is None:
         return f"the {type(model.target).__name__} target has no batched decoding"
     if decode.drafter is not None and batch_drafter(decode.drafter, 1) is None:
         return f"the {type(decode.drafter).__name__} drafter cannot draft for a batch yet"
@@ -94,9 +94,9 @@ class _Scheduler:
         if why is not None:
             raise ValueError(why)
         drafter = None if decode.drafter is None else batch_drafter(decode.drafter, capacity)
-        self.decoder = BatchDecoder(self.target, capacity, drafter=drafter, options=decode.spec)
+        self.decoder = BatchDecoder(self.target.batch_target(), capacity, drafter=drafter, options=decode.spec)
         # a compiled encoder is compiled for one input shape: its windows are encoded one at a time
-        self.encode_batch = 1 if getattr(self.target, "compiled_encoder", None) is not None else capacity
+        self.encode_batch = 1 if self.target.compiled_encoder is not None else capacity
         self.running: dict[Hashable, _Running] = {}
         self.finished: list[tuple[Hashable, FileResult | Exception]] = []
 

@@ -15,7 +15,7 @@ from specli.core.goodput import FixedCosts, MoECosts, OnlineCosts
 from specli.core.speculative import SpecOptions
 from specli.models.registry import family
 from specli.presets import Preset
-from specli.models.speech import SpeechModel
+from specli.models.speech import SpeechModel, SpeechTarget
 
 
 def build_drafter(preset: Preset, target: SpeechModel, language: str | None = None) -> Drafter:
@@ -32,14 +32,14 @@ def build_drafter(preset: Preset, target: SpeechModel, language: str | None = No
 DRAFT_COST_PRIOR = FixedCosts(draft_s=0.07, base=1.0, slope=0.08, row_exp=0.2)
 
 
-def goodput_prior(target: object) -> FixedCosts | MoECosts:
-    """The goodput rule's first guess for ``target``: DRAFT_COST_PRIOR, or for a sparse-MoE target (one with a
-    ``moe_profile``) the same with the experts' share scaled by the distinct experts a verification touches, read
-    from the target's expert tally as the process decodes."""
-    profile = target.moe_profile() if hasattr(target, "moe_profile") else None
+def goodput_prior(target: SpeechTarget) -> FixedCosts | MoECosts:
+    """The goodput rule's first guess for ``target``: DRAFT_COST_PRIOR, or for a sparse-MoE target (its
+    ``moe_profile()`` not None) the same with the experts' share scaled by the distinct experts a verification
+    touches, read from the target's expert tally (``experts``) as the process decodes."""
+    profile = target.moe_profile()
     if profile is None:
         return DRAFT_COST_PRIOR
-    tally = getattr(target, "experts", None)  # an MoE target's ExpertTally
+    tally = target.experts
     observed = None if tally is None else partial(tally.layer_mean, layers=profile.layers)
     return MoECosts(DRAFT_COST_PRIOR, profile, observed)
 

@@ -288,7 +288,7 @@ def remap_segment(seg: Segment, tmap: TimeMap) -> Segment:
     start = tmap.to_original(seg.start)
     end = max(start, tmap.to_original(seg.end, is_end=True))
     changes: dict = {"start": start, "end": end}
-    words = getattr(seg, "words", None)
+    words = seg.words
     if words:
         changes["words"] = _remap_words(words, tmap)
     return dataclasses.replace(seg, **changes)

@@ -25,7 +25,8 @@ from pathlib import Path
 from specli.bench.report import Run, SystemInfo, acceptance_stats, aggregate, speedups
 from specli.tts.acoustic.pipeline import AUDIO_DTYPES, AudioDtype, RenderError, Vocalizer, VoicePrompt, audio_dtype
 from specli.tts.audio_out import vocoder_generator
-from specli.tts.synthesis import SynthesisInputError, SynthesisRequest, Synthesizer, build_synthesizer
+from specli.tts.synthesis import (PresetOverrides, SynthesisInputError, SynthesisRequest, Synthesizer,
+                                  build_synthesizer)
 from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
 from specli.presets.synthesis import SynthesisPreset, load_synthesis_preset
 from specli.tts.pipeline import read_items
@@ -83,7 +84,7 @@ def run_synthesis_bench(inputs: Sequence[str], opts: SynthesisBenchOptions,
     runs: list[Run] = []
     for rep in range(-1 if opts.warmup else 0, opts.repeat):
         synths = [(p, (opts.model or p.model, p.dtype)) for p in presets]
-        synths = [(p, key, build_synthesizer(p, models[key], seed=opts.seed)) for p, key in synths]
+        synths = [(p, key, build_synthesizer(p, models[key], PresetOverrides(seed=opts.seed))) for p, key in synths]
         for i, req in enumerate(requests):
             turn = (i + rep + 1) % len(synths)  # who goes first rotates (see the module's docstring)
             for p, key, synth in synths[turn:] + synths[:turn]:

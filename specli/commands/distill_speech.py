@@ -25,7 +25,7 @@ from specli.models.cosyvoice.lm import CosyVoiceModel, lm_fingerprint, load_cosy
 from specli.presets import preset_task
 from specli.presets.synthesis import load_synthesis_preset
 from specli.tts.pipeline import read_items
-from specli.tts.synthesis import build_synthesizer
+from specli.tts.synthesis import PresetOverrides, build_synthesizer
 
 TrainFn = Callable[[Progress | None], TrainSummary]  # progress -> what training did
 
@@ -41,7 +41,7 @@ def load_speech_target(preset_name: str, model: str | None = None,
     preset = load_synthesis_preset(preset_name)
     loaded = load_cosyvoice(model or preset.model, preset.dtype, device=resolve_device(preset.device))
     try:
-        synth = build_synthesizer(preset, loaded, draft="none", sampler=sampler)
+        synth = build_synthesizer(preset, loaded, PresetOverrides(draft="none", sampler=sampler))
     except ValueError as exc:
         raise PresetError(str(exc)) from exc
     return loaded, synth.options.sampler

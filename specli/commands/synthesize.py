@@ -14,7 +14,7 @@ from specli.core.threads import torch_threads
 from specli.commands.interrupt import report_interrupt
 from specli.commands.batch_run import finish_run, resume_mode
 from specli.commands.synthesize_audio import OutcomeTally, VoiceFlags, echo_skipped, run_audio
-from specli.tts.synthesis import LoadOptions, Synthesizer, load_synthesizer
+from specli.tts.synthesis import LoadOptions, PresetOverrides, Synthesizer, load_synthesizer
 from specli.errors import PresetError
 from specli.models.cosyvoice.lm import KNOWN_MODELS
 from specli.models.cosyvoice.voices import SHIPPED_VOICES, VOICE_PRESETS
@@ -114,9 +114,9 @@ def synthesize(inputs, texts, model, preset, draft, sampler, temperature, top_p,
     p = load_synthesis_preset(preset or _default_preset(model))
     check_output_dir(output_dir)  # a usage error before the model loads
     try:
-        synth = load_synthesizer(p, LoadOptions(model=model, draft=draft, sampler=sampler, temperature=temperature,
-                                                top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty,
-                                                seed=seed, device=device))
+        overrides = PresetOverrides(draft=draft, sampler=sampler, temperature=temperature, top_p=top_p, top_k=top_k,
+                                    repetition_penalty=repetition_penalty, seed=seed)
+        synth = load_synthesizer(p, LoadOptions(model=model, device=device, overrides=overrides))
     except ValueError as exc:  # sampler settings that do not fit the sampler
         raise PresetError(str(exc)) from exc
     resume = _resume(synth, p.name, mode)

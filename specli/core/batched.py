@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from specli.core.device import host_to_device
 from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest
-from specli.core.drafters.batched import BatchDrafter
+from specli.core.drafters.base import BatchDrafter
 from specli.core.job import DecodeJob, Probe, prefill, probe_at
 from specli.core.logits import LogitFilter
 from specli.core.goodput import GoodputController
@@ -82,7 +82,7 @@ class BatchDecoder:
     """Continuous batching over a target that implements :class:`~specli.core.types.BatchTarget`.
 
     ``add`` admits rows into free slots, ``step`` runs one batched forward and returns the rows that
-    finished. ``drafter`` (a :class:`~specli.core.drafters.batched.BatchDrafter`) makes it
+    finished. ``drafter`` (a :class:`~specli.core.drafters.base.BatchDrafter`) makes it
     speculative; ``options.max_draft`` bounds each row's draft. Stats are per row: ``target_forwards``
     counts the forwards the row took part in; the batch's draft / verify time is split evenly over
     the rows of each step, so the rows' times add up to the wall time.

@@ -58,29 +58,31 @@ def recipe_layers(target: AudioLMTarget) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def use_layers(target: AudioLMTarget, layers: Sequence[int]) -> None:
-    """Make the target return the states of ``layers`` (input numbering) in ``HiddenStates.aux``."""
-    target.lm.aux_layers = tuple(int(i) for i in layers)
+def use_layers(target: AudioLMTarget, layers: Sequence[int]) -> tuple[int, ...]:
+    """Make the target return the states of ``layers`` (input numbering) in ``HiddenStates.aux`` (through the
+    draftable-target protocol, core/types.DraftableTarget); the ids to pick them by (``HiddenStates.pick``)."""
+    return target.request_aux_layers(layers)
 
 
-def window_record(target: AudioLMTarget, audio: torch.Tensor, tokens: list[int], plen: int, key: str) -> dict:
-    """One window's record: its ids, the stored layers' states and the final state (fp16). The prompt is one
-    prefill and the transcript a second forward, as in decoding: a transcript token that happens to be the audio
-    placeholder is text there, not an audio row."""
+def window_record(target: AudioLMTarget, audio: torch.Tensor, tokens: list[int], plen: int, key: str,
+                  layers: Sequence[int]) -> dict:
+    """One window's record: its ids, the states of target ``layers`` (requested by :func:`use_layers`) and the
+    final state (fp16). The prompt is one prefill and the transcript a second forward, as in decoding: a transcript
+    token that happens to be the audio placeholder is text there, not an audio row."""
     state = target.start(audio[None], max_len=len(tokens) + 1)
     ids = torch.tensor([tokens], dtype=torch.long)  # [1, n]
     parts = [target.score(state, ids[:, :plen]).hidden]
     if len(tokens) > plen:
         parts.append(target.score(state, ids[:, plen:]).hidden)
-    aux = [torch.cat([h.aux[i] for h in parts], dim=1) for i in range(len(parts[0].aux))]  # each [1, n, hidden]
+    aux = [torch.cat(states, dim=1) for states in zip(*(h.pick(layers) for h in parts))]  # each [1, n, hidden]
     last = torch.cat([h.last for h in parts], dim=1)  # [1, n, hidden]
     return {"tokens": ids[0], "plen": plen, "id": key,
             "aux": torch.stack([a[0] for a in aux], dim=1).half().cpu().clone(),
             "last": last[0].half().cpu().clone()}
 
 
-def file_records(model, path: Path, opts: TranscribeOptions) -> list[dict]:
-    """Transcribe ``path`` as ``transcribe`` does (greedy) and return its windows' records."""
+def file_records(model, path: Path, opts: TranscribeOptions, layers: Sequence[int]) -> list[dict]:
+    """Transcribe ``path`` as ``transcribe`` does (greedy) and return its windows' records (target ``layers``)."""
     windows: list[tuple[torch.Tensor, list[int], int]] = []
     eot = model.speech_hooks().eot
 
@@ -89,7 +91,7 @@ def file_records(model, path: Path, opts: TranscribeOptions) -> list[dict]:
         windows.append((state.audio[0].clone(), list(prompt) + res.tokens + [eot] * res.finished, len(prompt)))
 
     transcribe_stream(model, iter_audio_chunks(path), opts, on_decode=record)
-    return [window_record(model.target, audio, tokens, plen, f"{path.name}#{i}")
+    return [window_record(model.target, audio, tokens, plen, f"{path.name}#{i}", layers)
             for i, (audio, tokens, plen) in enumerate(windows)]
 
 
@@ -111,9 +113,9 @@ def generate_audio_lm(inputs: Sequence[Path], model, out: Path, opts: Transcribe
                               "(use another --out directory)")
     todo = list(dict.fromkeys(Path(p) for p in inputs if str(Path(p).resolve()) not in manifest["done"]))
     skipped, done, windows, tokens = len(inputs) - len(todo), 0, 0, 0
-    use_layers(target, layers)
+    picked = use_layers(target, layers)
     for path in todo:
-        records = file_records(model, path, opts)
+        records = file_records(model, path, opts, picked)
         shard = add_shard(out, manifest, str(path.resolve()), records)
         done, windows = done + 1, windows + len(records)
         tokens += sum(len(r["tokens"]) - r["plen"] for r in records)

@@ -87,21 +87,23 @@ def request_key(request: SynthesisRequest) -> str:
     return f"{request.id}:{hashlib.sha256(body.encode()).hexdigest()[:12]}"
 
 
-def use_aux_layers(model: CosyVoiceModel, layers: Sequence[int]) -> None:
-    """Make the target return the states of ``layers`` (target numbering) in ``HiddenStates.aux``."""
-    n = model.lm.qwen.dims.layers
+def use_aux_layers(model: CosyVoiceModel, layers: Sequence[int]) -> tuple[int, ...]:
+    """Make the target return the states of ``layers`` (target numbering) in ``HiddenStates.aux`` (through the
+    draftable-target protocol, core/types.DraftableTarget); the ids to pick them by (``HiddenStates.pick``)."""
+    n = model.lm.draft_parts().layers
     if any(not 0 <= i <= n for i in layers):
         raise SpecliError(f"aux layers {list(layers)} outside 0..{n} of this target")
-    model.lm.qwen.aux_layers = tuple(int(i) for i in layers)
+    return model.lm.request_aux_layers(layers)
 
 
-def sequence_record(model: CosyVoiceModel, tokens: list[int], plen: int) -> dict:
-    """One kept sequence's shard record: ids, the stored layers' states and the final state (fp16)."""
+def sequence_record(model: CosyVoiceModel, tokens: list[int], plen: int, layers: Sequence[int]) -> dict:
+    """One kept sequence's shard record: ids, the states of target ``layers`` (requested by :func:`use_aux_layers`)
+    and the final state (fp16)."""
     lm = model.lm
     state = lm.start(len(tokens) + 1)
-    ids = torch.tensor([tokens], dtype=torch.long, device=lm.qwen.device)
+    ids = torch.tensor([tokens], dtype=torch.long, device=state.cache.device)
     h = lm.score(state, ids).hidden
-    aux = torch.stack([a[0] for a in h.aux], dim=1)  # [T, n_aux, H]
+    aux = torch.stack([a[0] for a in h.pick(layers)], dim=1)  # [T, n_aux, H]
     return {"tokens": torch.tensor(tokens, dtype=torch.long), "plen": plen,
             "aux": aux.half().cpu().clone(), "last": h.last[0].half().cpu().clone()}
 
@@ -117,14 +119,15 @@ def _done_keys(manifest: dict) -> set[str]:
     return {k for entry in manifest["done"].values() for k in entry.get("requests", [])}
 
 
-def decode_request(synth: Synthesizer, request: SynthesisRequest) -> dict | None:
-    """Decode ``request`` at the deployment sampler; its record when it ended in eos, else None."""
+def decode_request(synth: Synthesizer, request: SynthesisRequest, layers: Sequence[int]) -> dict | None:
+    """Decode ``request`` at the deployment sampler; its record (the states of target ``layers``) when it ended in
+    eos, else None."""
     model = synth.model
     res = synth.synthesize(request)
     if not res.finished:
         return None
     prep = prepare(model, request)
-    rec = sequence_record(model, prep.prompt + list(res.tokens) + [model.spec.eos], len(prep.prompt))
+    rec = sequence_record(model, prep.prompt + list(res.tokens) + [model.spec.eos], len(prep.prompt), layers)
     rec.update(id=request.id, min_len=res.min_len, max_len=res.max_len,
                prompt_speech=torch.tensor(request.prompt_tokens, dtype=torch.long))
     return rec
@@ -137,11 +140,11 @@ def generate_speech(
     """Write shards of on-policy, eos-terminated sequences for the requests not yet in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     manifest = open_manifest(out, lm_fingerprint(model), model.name)
-    layers = options.aux_layers or default_layers(model.lm.qwen.dims.layers)
+    layers = options.aux_layers or default_layers(model.lm.draft_parts().layers)
     _check_settings(manifest, out, {"kind": "speech", "sampler": asdict(options.sampler), "seed": options.seed,
                                     "aux_layers": list(layers), "aux_convention": "input",
                                     "eos": model.spec.eos, "model_kind": model.spec.kind})
-    use_aux_layers(model, layers)
+    picked = use_aux_layers(model, layers)
     synth = Synthesizer(model, SynthesisOptions(options.sampler, options.seed))
     done = _done_keys(manifest)
     todo = [r for r in requests if request_key(r) not in done]
@@ -151,7 +154,7 @@ def generate_speech(
         records, dropped_ids = [], []
         for j, request in enumerate(chunk):
             try:
-                rec = decode_request(synth, request)
+                rec = decode_request(synth, request, picked)
             except SynthesisInputError as exc:
                 failed += 1
                 dropped_ids.append(request.id)

@@ -149,6 +149,10 @@ class AudioLMTarget:
                             state.rope_delta.repeat(rows // state.rope_delta.shape[0]))
 
     # ---- the batch contract (core/batched.py): slots of one preallocated state, rows [0, B) score
+    def batch_target(self) -> AudioLMTarget:
+        """An audio LM batches: itself (models/speech.SpeechTarget)."""
+        return self
+
     def start_batch(self, capacity: int, max_len: int | None = None, spare: int = 0) -> AudioLMState:
         """An empty state of ``capacity`` slots (``max_len`` positions a row, + ``spare`` padding slots)."""
         d = self.dims

@@ -19,9 +19,11 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from specli.core.goodput import MoEProfile
 from specli.core.job import DecodeJob
-from specli.core.types import Target, TargetState
+from specli.core.types import BatchTarget, Target, TargetState
 from specli.errors import UsageError
+from specli.models.moe import ExpertTally
 
 WHISPER_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # openai-whisper's fallback schedule
 
@@ -153,6 +155,7 @@ class SpeechTarget(Target, Protocol):
 
     dtype: torch.dtype  # the decoder's weights' dtype
     compiled_encoder: object | None  # the encoder compiled by torch.compile (its compile_seconds); None: eager
+    experts: ExpertTally | None  # the distinct experts each decoder forward touched (sparse-MoE decoders); None: dense
 
     def encode(self, mel: torch.Tensor, frames: Sequence[int] | None = None) -> torch.Tensor:
         """Audio features ``[k, audio_ctx, d_model]`` of ``k`` windows' features ``[k, n_mels, 3000]``."""
@@ -160,6 +163,13 @@ class SpeechTarget(Target, Protocol):
     def start(self, audio_features: torch.Tensor, max_len: int | None = None,
               features: torch.Tensor | None = None) -> TargetState:
         """A fresh decoder state (empty cache) over one window's audio features."""
+
+    def batch_target(self) -> BatchTarget | None:
+        """This target as a :class:`~specli.core.types.BatchTarget` (files' windows decode as rows of one state,
+        asr/scheduler.py); None: it decodes one window at a time."""
+
+    def moe_profile(self) -> MoEProfile | None:
+        """The decoder's MoE routing and expert share (the goodput rule's prior, asr/strategies.py); None: dense."""
 
 
 class SpeechTokenizer(Protocol):

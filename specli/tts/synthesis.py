@@ -29,17 +29,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import get_args
 
 import torch
 
 from specli.core.batched import RowJob, decode_all
-from specli.core.drafters.base import Drafter, finish_window
+from specli.core.drafters.base import Drafter
 from specli.core.drafters.batched import batch_drafter
 from specli.core.drafters.registry import DRAFTERS
 from specli.core.greedy import greedy_decode
 from specli.core.job import DecodeJob
 from specli.core.device import resolve_device
-from specli.core.sampling import SamplerOptions, build_sampler, default_options, request_generator
+from specli.core.sampling import SamplerName, SamplerOptions, build_sampler, default_options, request_generator
 from specli.core.speculative import SpecOptions, speculative_decode
 from specli.models.cosyvoice.lm import CosyVoiceModel
 from specli.models.registry import family
@@ -256,7 +257,8 @@ class Synthesizer:
         if not jobs:
             return
         longest = max(len(j.job.prompt) + j.job.max_new_tokens + 2 for j in jobs)
-        finish_window(self.drafter)  # a request decoded before by synthesize() joins a shared pool
+        if self.drafter is not None:  # a request decoded before by synthesize() joins a shared pool
+            self.drafter.finish_window()
         drafter = None if self.drafter is None else batch_drafter(self.drafter, batch_size)  # one fork a row
         done: dict[int, dict[int, SynthesisResult]] = {}  # request index -> its finished pieces by job
         for j, res in decode_all(self.model.lm, jobs, batch_size, longest, drafter=drafter,
@@ -269,7 +271,8 @@ class Synthesizer:
 
     def finish(self) -> None:
         """Add the last request's output to the drafter's pool (end of a run)."""
-        finish_window(self.drafter)
+        if self.drafter is not None:
+            self.drafter.finish_window()
 
 
 def _result(request: SynthesisRequest, prep: PreparedRequest, res: DecodeResult) -> SynthesisResult:
@@ -313,18 +316,33 @@ def sampler_options(name: str, model: CosyVoiceModel, temperature: float | None 
 
 
 @dataclass(frozen=True)
-class LoadOptions:
-    """What a run sets over its synthesis preset when loading (None: the preset's own)."""
+class PresetOverrides:
+    """What a run sets over its synthesis preset when building a synthesizer (None: the preset's own).
 
-    model: str | None = None  # model directory or hub id (None: the preset's model)
+    Sampler settings are not mixed across samplers: the preset's temperature / top-p / top-k / penalty apply
+    only when the sampler is the preset's own; the sampler checks the settings' ranges once they are merged.
+    """
+
     draft: str | None = None  # drafter name or draft directory ("none": no speculation)
-    sampler: str | None = None  # sampler name (greedy, ras, vllm, ...)
+    sampler: str | None = None  # sampler name (greedy, ras or vllm)
     temperature: float | None = None  # sampling temperature
     top_p: float | None = None  # nucleus cut-off
     top_k: int | None = None  # top-k cut-off
     repetition_penalty: float | None = None  # penalty on repeated speech tokens
     seed: int = 0  # seed of every request's generator
+
+    def __post_init__(self) -> None:
+        if self.sampler is not None and self.sampler not in get_args(SamplerName):
+            raise ValueError(f"unknown sampler {self.sampler!r}: choose {', '.join(get_args(SamplerName))}")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What a run sets over its synthesis preset when loading (None: the preset's own)."""
+
+    model: str | None = None  # model directory or hub id (None: the preset's model)
     device: str | None = None  # torch device ("cpu", "cuda", ...; None: the preset's)
+    overrides: PresetOverrides = PresetOverrides()  # drafter, sampler and its settings, seed
 
 
 def load_synthesizer(preset: SynthesisPreset, options: LoadOptions = LoadOptions()) -> Synthesizer:
@@ -333,22 +351,17 @@ def load_synthesizer(preset: SynthesisPreset, options: LoadOptions = LoadOptions
     o = options
     loaded = family(preset.family).load(o.model or preset.model, preset.dtype,
                                         device=resolve_device(o.device or preset.device))
-    return build_synthesizer(preset, loaded, o.draft, o.sampler, o.temperature, o.top_p, o.top_k,
-                             o.repetition_penalty, o.seed)
+    return build_synthesizer(preset, loaded, o.overrides)
 
 
-def build_synthesizer(preset: SynthesisPreset, loaded: CosyVoiceModel, draft: str | None = None,
-                      sampler: str | None = None, temperature: float | None = None, top_p: float | None = None,
-                      top_k: int | None = None, repetition_penalty: float | None = None, seed: int = 0
-                      ) -> Synthesizer:
-    """A synthesizer for ``preset`` over an already loaded model (a new drafter pool each call).
-
-    Sampler settings are not mixed across samplers: the preset's temperature / top-p / top-k /
-    penalty apply only when the sampler is the preset's own.
-    """
-    name = sampler or preset.sampler
+def build_synthesizer(preset: SynthesisPreset, loaded: CosyVoiceModel,
+                      overrides: PresetOverrides = PresetOverrides()) -> Synthesizer:
+    """A synthesizer for ``preset`` over an already loaded model (a new drafter pool each call), with
+    ``overrides`` over the preset's settings."""
+    o = overrides
+    name = o.sampler or preset.sampler
     own = name == preset.sampler
     pick = lambda cli, pre: cli if cli is not None else (pre if own else None)  # noqa: E731
-    opts = sampler_options(name, loaded, pick(temperature, preset.temperature), pick(top_p, preset.top_p),
-                           pick(top_k, preset.top_k), pick(repetition_penalty, preset.repetition_penalty))
-    return Synthesizer(loaded, SynthesisOptions(opts, seed, drafters.run_draft(preset.draft, draft), split=True))
+    opts = sampler_options(name, loaded, pick(o.temperature, preset.temperature), pick(o.top_p, preset.top_p),
+                           pick(o.top_k, preset.top_k), pick(o.repetition_penalty, preset.repetition_penalty))
+    return Synthesizer(loaded, SynthesisOptions(opts, o.seed, drafters.run_draft(preset.draft, o.draft), split=True))

@@ -44,6 +44,14 @@ class ToyAsrTarget:
         self.decoders = [TableTarget(t) for t in tables]
         self.dtype = torch.float32
         self.compiled_encoder = None  # the encoder runs eagerly
+        self.experts = None  # a dense decoder: no expert tally
+
+    def batch_target(self) -> None:
+        """None: the toy decodes one window at a time (no batch contract)."""
+        return None
+
+    def moe_profile(self) -> None:
+        return None
 
     def encode(self, mel: torch.Tensor, frames: Sequence[int] | None = None) -> torch.Tensor:
         """``[k, 1, 1]`` the mean log-mel of each window's real frames (``mel [k, n_mels, 3000]``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specli.core.drafters.base import DraftProposal, DraftRequest, continue_branch
+from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest, continue_branch
 from specli.asr.drafters.model import ModelDraftOptions, rescore
 from specli.core.drafters.recycling import merge_chains
 from specli.models.whisper.loader import WhisperModel
@@ -18,7 +18,7 @@ from specli.models.whisper.target import DecoderState
 from specli.models.whisper.rules import WhisperLogitRules
 
 
-class CrossTokenizerDrafter:
+class CrossTokenizerDrafter(Drafter):
     """Drafts with ``drafter`` (its own tokenizer) for a target with ``target_tokenizer``."""
 
     def __init__(self, drafter: WhisperModel, target: WhisperModel, language: str = "en",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from specli.core.device import host_to_device
-from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest
+from specli.core.drafters.base import EMPTY, Drafter, DraftProposal, DraftRequest
 from specli.asr.drafters.eagle_head import SpeechDraftHead, packed_for_inference
 from specli.core.kv_cache import KVCache
 from specli.core.logits import DraftVocab
@@ -39,7 +39,7 @@ def ancestor_slots(nodes: TreeNodes, node: int) -> list[int]:
     return slots
 
 
-class DynamicTreeDrafter:
+class DynamicTreeDrafter(Drafter):
     """Proposes EAGLE-2 dynamic trees with a :class:`SpeechDraftHead` (one head forward per level)."""
 
     def __init__(self, head: SpeechDraftHead, options: DynamicTreeOptions = DynamicTreeOptions()) -> None:

@@ -14,13 +14,13 @@ import torch
 from specli.asr.drafters.eagle_batched import BatchedEagleDrafter
 from specli.asr.drafters.eagle_head import SpeechDraftHead, packed_for_inference
 from specli.core.device import cpu_native_bf16
-from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest, ModelDraftOptions, draft_chain
+from specli.core.drafters.base import EMPTY, Drafter, DraftProposal, DraftRequest, ModelDraftOptions, draft_chain
 from specli.core.kv_cache import KVCache
 from specli.core.logits import DraftVocab
 from specli.models.whisper.target import DecoderState
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     """Drafts a chain with a :class:`SpeechDraftHead`; adaptive length and sparse tree as ModelDrafter.
 
     Runs a packed copy of the head in ``dtype``; None picks it from the target's dtype (read from the

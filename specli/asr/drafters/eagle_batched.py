@@ -28,7 +28,7 @@ from specli.core.types import TargetState
 
 
 class BatchedEagleDrafter:
-    """A :class:`~specli.core.drafters.batched.BatchDrafter` over one :class:`SpeechDraftHead`."""
+    """A :class:`~specli.core.drafters.base.BatchDrafter` over one :class:`SpeechDraftHead`."""
 
     def __init__(self, head: SpeechDraftHead, capacity: int, options: ModelDraftOptions = ModelDraftOptions(),
                  dtype: torch.dtype = torch.float32) -> None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from specli.core.drafters.base import DraftProposal, DraftRequest, ModelDraftOptions, draft_chain
+from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest, ModelDraftOptions, draft_chain
 from specli.models.whisper.target import DecoderState, WhisperTarget
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Drafts with ``model``; shares the target's encoder output when ``model`` is the target."""
 
     def __init__(

@@ -68,11 +68,9 @@ EMPTY = DraftProposal([], [])
 class Drafter(Protocol):
     """Proposes draft tokens; learns what was committed after each verification.
 
-    Optional hooks (looked up with ``getattr``; a drafter without them simply lacks the ability):
-    ``fork() -> Drafter | None`` a fresh drafter for another sequence decoded beside this one, sharing what
-    is shared (an n-gram pool, a trained module) and nothing per-sequence (None: it cannot draft beside
-    others); ``batched(capacity) -> BatchDrafter | None`` a batch drafter of its own (EAGLE chains: every
-    row in one head forward); ``finish_window()`` the sequence ended (an n-gram pool learns it).
+    Every drafter subclasses this protocol, so it has the optional abilities below with their defaults (a drafter
+    without an ability keeps the default): :meth:`fork` (None: it cannot draft beside other sequences),
+    :meth:`batched` (None: no batch drafter of its own) and :meth:`finish_window` (nothing to learn).
     """
 
     def start(self, state: TargetState, prompt: list[int]) -> None:
@@ -83,18 +81,37 @@ class Drafter(Protocol):
     def commit(self, tokens: list[int]) -> None:
         """The committed sequence after verification (prompt + sampled, the new pending last)."""
 
+    def fork(self) -> Drafter | None:
+        """A fresh drafter for another sequence decoded beside this one, sharing what is shared (an n-gram pool, a
+        trained module) and nothing per-sequence; None (the default): it cannot draft beside others."""
+        return None
 
-def fork(drafter: Drafter) -> Drafter | None:
-    """``drafter.fork()``: a drafter for another sequence beside this one, or None when it has none."""
-    make = getattr(drafter, "fork", None)
-    return None if make is None else make()
+    def batched(self, capacity: int) -> BatchDrafter | None:
+        """A batch drafter of its own for ``capacity`` rows (EAGLE chains: every row in one head forward); None (the
+        default): rows draft with one :meth:`fork` each (core/drafters/batched.batch_drafter)."""
+        return None
+
+    def finish_window(self) -> None:
+        """The sequence ended (an n-gram pool learns it); the default learns nothing."""
 
 
-def finish_window(drafter: Drafter | None) -> None:
-    """Tell ``drafter`` its sequence ended (``finish_window`` hook; nothing for drafters without one)."""
-    hook = getattr(drafter, "finish_window", None)
-    if hook is not None:
-        hook()
+class BatchDrafter(Protocol):
+    """Proposes a draft for every active row of a batch (core/batched.py); slots as in the decoder's batch."""
+
+    def admit(self, slot: int, state: TargetState, prompt: list[int]) -> None:
+        """A new row in ``slot``: ``state`` is that row as a batch-1 target state (after prefill)."""
+
+    def propose(self, requests: Sequence[DraftRequest | None]) -> list[DraftProposal]:
+        """One proposal per active row (``requests[b]`` for slot ``b``; None: the row has no room)."""
+
+    def commit(self, slot: int, tokens: list[int]) -> None:
+        """Row ``slot``'s committed sequence after verification (prompt + sampled, pending last)."""
+
+    def finish(self, slot: int) -> None:
+        """Row ``slot`` left the batch (its slot may be refilled by :meth:`move` or :meth:`admit`)."""
+
+    def move(self, src: int, dst: int) -> None:
+        """The row in slot ``src`` now lives in slot ``dst``."""
 
 
 @dataclass(frozen=True)

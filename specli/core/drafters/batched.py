@@ -1,4 +1,5 @@
-"""Drafters of a batch of rows (core/batched.py): the protocol and the per-row adapter.
+"""Drafters of a batch of rows (core/batched.py): the per-row adapter (the protocol, :class:`BatchDrafter`, lives
+with :class:`~specli.core.drafters.base.Drafter`, whose ``batched`` returns one).
 
 A batch drafter keeps one drafting state per slot of the batch; the decoder tells it when a row is
 admitted, when a row leaves, and when the last row is moved into a freed slot (the batch stays
@@ -9,38 +10,18 @@ per row, so every existing drafter (n-gram pool, model drafters, EAGLE) drafts i
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
-from specli.core.drafters.base import EMPTY, Drafter, DraftProposal, DraftRequest, finish_window, fork
+from specli.core.drafters.base import EMPTY, BatchDrafter, Drafter, DraftProposal, DraftRequest
 from specli.core.types import TargetState
-
-
-class BatchDrafter(Protocol):
-    """Proposes a draft for every active row; slots as in the decoder's batch."""
-
-    def admit(self, slot: int, state: TargetState, prompt: list[int]) -> None:
-        """A new row in ``slot``: ``state`` is that row as a batch-1 target state (after prefill)."""
-
-    def propose(self, requests: Sequence[DraftRequest | None]) -> list[DraftProposal]:
-        """One proposal per active row (``requests[b]`` for slot ``b``; None: the row has no room)."""
-
-    def commit(self, slot: int, tokens: list[int]) -> None:
-        """Row ``slot``'s committed sequence after verification (prompt + sampled, pending last)."""
-
-    def finish(self, slot: int) -> None:
-        """Row ``slot`` left the batch (its slot may be refilled by :meth:`move` or :meth:`admit`)."""
-
-    def move(self, src: int, dst: int) -> None:
-        """The row in slot ``src`` now lives in slot ``dst``."""
 
 
 class PerRowDrafters:
     """A :class:`BatchDrafter` made of one :class:`Drafter` per row, built by ``make()`` at admission.
 
-    Rows draft one after another (each with its own state, filter and generator). A drafter with a
-    ``finish_window`` hook (the n-gram drafter) is told when its row ends, so a shared pool learns
-    each finished hypothesis. Drafters of finished rows are reused for new rows (``start`` resets a
-    drafter's per-window state), so at most ``capacity`` are ever built.
+    Rows draft one after another (each with its own state, filter and generator). Each drafter is told when its
+    row ends (:meth:`Drafter.finish_window`), so a shared pool (the n-gram drafter) learns each finished hypothesis.
+    Drafters of finished rows are reused for new rows (``start`` resets a drafter's per-window state), so at most
+    ``capacity`` are ever built.
     """
 
     def __init__(self, make: Callable[[], Drafter]) -> None:
@@ -61,7 +42,7 @@ class PerRowDrafters:
 
     def finish(self, slot: int) -> None:
         drafter = self.rows.pop(slot)
-        finish_window(drafter)
+        drafter.finish_window()
         self._idle.append(drafter)
 
     def move(self, src: int, dst: int) -> None:
@@ -69,12 +50,11 @@ class PerRowDrafters:
 
 
 def batch_drafter(drafter: Drafter, capacity: int) -> BatchDrafter | None:
-    """``drafter`` drafting for a batch of ``capacity`` rows: its own batch drafter (``batched`` hook), else one
-    fork per row (:class:`PerRowDrafters`), else None (it cannot draft beside other sequences)."""
-    own = getattr(drafter, "batched", None)
-    batched = None if own is None else own(capacity)
+    """``drafter`` drafting for a batch of ``capacity`` rows: its own batch drafter (:meth:`Drafter.batched`), else
+    one fork per row (:class:`PerRowDrafters`), else None (it cannot draft beside other sequences)."""
+    batched = drafter.batched(capacity)
     if batched is not None:
         return batched
-    if fork(drafter) is None:
+    if drafter.fork() is None:
         return None
-    return PerRowDrafters(lambda: fork(drafter))
+    return PerRowDrafters(drafter.fork)

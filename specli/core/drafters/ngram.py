@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specli.core.drafters.base import DraftProposal, DraftRequest
+from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest
 from specli.core.types import TargetState
 from specli.core.tree import chain_parents
 
@@ -56,7 +56,7 @@ class NgramPool:
         return None
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Proposes the continuation of the longest suffix match in this window, else in the pool."""
 
     def __init__(self, pool: NgramPool, eot: int, min_ngram: int = 1) -> None:

@@ -9,7 +9,7 @@ are merged into one token tree, so a single target pass verifies them all.
 
 from __future__ import annotations
 
-from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest, fork
+from specli.core.drafters.base import Drafter, DraftProposal, DraftRequest
 from specli.core.types import TargetState
 
 
@@ -34,7 +34,7 @@ def merge_chains(chains: list[list[int]], budget: int) -> tuple[list[int], list[
     return tokens, parents
 
 
-class RecyclingDrafter:
+class RecyclingDrafter(Drafter):
     """Wraps a drafter; adds recycled tails of the last rejected chain to its proposals."""
 
     def __init__(self, inner: Drafter, max_tail: int = 16) -> None:
@@ -46,7 +46,7 @@ class RecyclingDrafter:
 
     def fork(self) -> RecyclingDrafter | None:
         """Recycling around a fork of the inner drafter (None when it has none)."""
-        inner = fork(self.inner)
+        inner = self.inner.fork()
         return None if inner is None else RecyclingDrafter(inner, self.max_tail)
 
     def start(self, state: TargetState, prompt: list[int]) -> None:

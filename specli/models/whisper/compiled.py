@@ -14,16 +14,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specli.models.whisper.encoder import EncoderBlock
+from specli.models.whisper.convert import WhisperDims
+from specli.models.whisper.encoder import EncoderBlock, WhisperEncoder
 
-if TYPE_CHECKING:  # target.py imports this module
-    from specli.models.whisper.target import WhisperTarget
+
+class EncoderSource(Protocol):
+    """What compiling reads of a Whisper target (``WhisperTarget``, whose module imports this one)."""
+
+    dims: WhisperDims  # the encoder's heads and its input's size (n_mels, audio_ctx)
+    encoder: WhisperEncoder  # the eager encoder, whose weights are copied
+    compute_dtype: torch.dtype  # the warm-up input's dtype
+    device: torch.device  # where the warm-up input lives
 
 
 def _frozen(x: torch.Tensor | None) -> nn.Parameter | None:
@@ -53,7 +60,7 @@ class _EncoderLayer(nn.Module):
 class EncoderModule(nn.Module):
     """The target's encoder over plain frozen weights: ``mel [B, n_mels, 3000] -> [B, audio_ctx, d]``."""
 
-    def __init__(self, target: WhisperTarget) -> None:
+    def __init__(self, target: EncoderSource) -> None:
         super().__init__()
         self.heads = target.dims.encoder_heads
         enc = target.encoder
@@ -80,7 +87,7 @@ class CompiledEncoder:
     compile_seconds: float  # wall time of the warm-up call that compiled it
 
 
-def compile_encoder(target: WhisperTarget) -> CompiledEncoder:
+def compile_encoder(target: EncoderSource) -> CompiledEncoder:
     """Compile ``target``'s encoder with inductor (weights frozen as constants) and warm it up."""
     module = EncoderModule(target).eval()
     # freezing: weights are constants, which inductor packs for its own kernels (this compile only)

@@ -173,6 +173,7 @@ class WhisperTarget:
         self.exact_rows = cdt == torch.bfloat16 or dtype == torch.int8
         self.mid_layer = (dims.decoder_layers - 1) // 2
         self.compiled_encoder: CompiledEncoder | None = None  # set by compile_encoder(); None = eager
+        self.experts = None  # a dense decoder: no expert tally (models/speech.SpeechTarget)
 
     def compile_encoder(self) -> float:
         """Run the encoder through ``torch.compile`` from now on; returns the compile time in seconds."""
@@ -223,7 +224,15 @@ class WhisperTarget:
         return tuple(tuple(_split_heads(blk.cross_attn[n](feats), heads).to(dtype).contiguous() for n in ("k", "v"))
                      for blk in self.dec_blocks)
 
+    def moe_profile(self) -> None:
+        """None: a dense decoder (models/speech.SpeechTarget)."""
+        return None
+
     # ---- the batch contract (core/batched.py): slots of one preallocated state, rows [0, B) score
+    def batch_target(self) -> WhisperTarget:
+        """Whisper batches: itself (models/speech.SpeechTarget)."""
+        return self
+
     @torch.inference_mode()
     def start_batch(self, capacity: int, max_len: int | None = None, spare: int = 0) -> DecoderState:
         """An empty state of ``capacity`` slots: a ragged cache of ``max_len`` positions a row (+ ``spare``

@@ -17,9 +17,9 @@ stage (``CosyVoice3Model.llm_job``; the LLM context keeps them), and small yaml 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -34,8 +34,13 @@ MAX_SILENT_RUN = 5  # silent tokens kept in a row; later ones are dropped (CosyV
 
 _noise_cache: dict[int, torch.Tensor] = {}
 
-# estimator(x [2, 80, T], mask [2, 1, T], mu [2, C, T], t [2], spks [2, 80], cond [2, 80, T]) -> [2, 80, T]
-Estimator = Callable[..., torch.Tensor]
+class Estimator(Protocol):
+    """The velocity estimator a CFM solve calls (the UNet, CosyVoice 2; the DiT, CosyVoice 3)."""
+
+    row_segments: bool  # takes ``segments``: several utterances in one padded batch (TokenFlow.inference_rows)
+
+    def __call__(self, *args: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        """``(x [2, 80, T], mask [2, 1, T], mu [2, C, T], t [2], spks [2, 80], cond [2, 80, T]) -> [2, 80, T]``."""
 
 
 @dataclass(frozen=True)

@@ -335,6 +335,8 @@ class _TimeMLP(nn.Module):
 class UNetEstimator(nn.Module):
     """The velocity estimator ``(x, mask, mu, t, spks, cond) -> [B, 80, T]``."""
 
+    row_segments = False  # takes no ``segments``: utterances solve one after another (TokenFlow.inference_rows)
+
     def __init__(self, cfg: UNetConfig) -> None:
         super().__init__()
         self.cfg = cfg

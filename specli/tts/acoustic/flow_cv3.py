@@ -409,7 +409,7 @@ class TokenFlow(nn.Module):
         """:meth:`inference` (offline) of several utterances ``(tokens, prompt_tokens, prompt_mel, embedding)``
         together: one padded CFM solve when the estimator takes row segments (the DiT; each mel the same bits
         as alone), else one after another; an utterance too short to share GEMMs (:data:`SHARED_MIN_ROWS`) alone."""
-        if not getattr(self.decoder.estimator, "row_segments", False) or len(rows) == 1:
+        if not self.decoder.estimator.row_segments or len(rows) == 1:
             return [self.inference(*row) for row in rows]
         per = 2 if self.cfg.cfm.inference_cfg_rate > 0 else 1  # estimator rows an utterance (CFG: 2)
         ratio = self.cfg.token_mel_ratio  # an utterance's frames: ratio x (prompt tokens + tokens)

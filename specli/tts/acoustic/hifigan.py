@@ -205,6 +205,8 @@ def _conv_transpose(conv: nn.ConvTranspose1d, x: torch.Tensor) -> torch.Tensor:
 class HifiGan(nn.Module):
     """The V1 generator; module names follow jik876 so the checkpoint's keys load one to one."""
 
+    source: Path | None = None  # the weights file it was read from (set by the loader; resume sidecars fingerprint it)
+
     def __init__(self, cfg: HifiGanConfig) -> None:
         super().__init__()
         self.cfg = cfg

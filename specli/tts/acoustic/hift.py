@@ -264,6 +264,8 @@ def _draw_noise(shape: torch.Size, generator: torch.Generator, gaussian: bool) -
 class HiFT(nn.Module):
     """The HiFT generator; module names follow upstream so ``hift.pt`` keys load one to one."""
 
+    source = None  # the Vocoder protocol's weights file: None, the model directory's hift.pt (pipeline.vocoder_file)
+
     def __init__(self, cfg: HiFTConfig) -> None:
         super().__init__()
         self.cfg = cfg

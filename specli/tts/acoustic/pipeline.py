@@ -152,6 +152,7 @@ class Vocoder(Protocol):
     ``generator``; HiFi-GAN draws none)."""
 
     sample_rate: int
+    source: Path | None  # the weights file it was read from (HiFi-GAN's); None: the model directory's hift.pt
 
     def vocode(self, mel: torch.Tensor, generator: torch.Generator) -> torch.Tensor: ...
 
@@ -203,9 +204,8 @@ class Vocalizer:
     @property
     def vocoder_file(self) -> Path | None:
         """The vocoder's weights file (``hift.pt``, or the HiFi-GAN file it was read from)."""
-        source = getattr(self.vocoder, "source", None)
-        if source is not None:
-            return Path(source)
+        if self.vocoder.source is not None:
+            return Path(self.vocoder.source)
         return None if self.model_dir is None else self.model_dir / "hift.pt"
 
     @property

@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from specli.core.device import host_to_device
-from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest, ModelDraftOptions, draft_token, sparse_tree
+from specli.core.drafters.base import (EMPTY, Drafter, DraftProposal, DraftRequest,
+                                        ModelDraftOptions, draft_token, sparse_tree)
 from specli.core.drafters.llm.base import (
     DraftLayer,
     DraftTrainOutput,
@@ -194,7 +195,7 @@ class ContextCache:
         return [self.kv.view(i, pos) for i in range(self.module.config.layers)]
 
 
-class BlockDrafter:
+class BlockDrafter(Drafter):
     """Proposes with a DFlash / DSpark module: one block forward, then the slots in order.
 
     ``options.confidence_threshold`` (adaptive strategy) stops the chain when the predicted survival

@@ -23,7 +23,8 @@ import math
 import torch
 from torch import nn
 
-from specli.core.drafters.base import EMPTY, DraftProposal, DraftRequest, ModelDraftOptions, draft_token, sparse_tree
+from specli.core.drafters.base import (EMPTY, Drafter, DraftProposal, DraftRequest,
+                                        ModelDraftOptions, draft_token, sparse_tree)
 from specli.core.device import host_to_device
 from specli.core.drafters.llm.dflash import new_block_config
 from specli.core.drafters.llm.base import (
@@ -111,7 +112,7 @@ def new_eagle3(parts: TargetParts, unroll: int = 7, draft_vocab_ids: torch.Tenso
     return mod
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(Drafter):
     """Autoregressive draft steps with an :class:`Eagle3Module`: a chain (adaptive length, sparse tree) or an
     EAGLE-2 dynamic tree (``tree``: each level one draft-layer forward over the frontier, under a tree mask)."""
 

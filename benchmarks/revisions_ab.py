@@ -1,8 +1,9 @@
 """One ``specli bench`` command at two (or more) git revisions, run alternately on the same inputs, so that a
 refactor's "behaviour unchanged, speed within noise" is a measurement: each revision is checked out to a temporary
 detached worktree and run with ``PYTHONPATH`` pointing at it (the installed package is not used), the order of the
-revisions flipped every round. Prints, per system of the bench report, each run's wall seconds and tokens and the
-median per revision, and whether every revision's transcripts / outputs agree with the first revision's (the
+revisions flipped every round. Prints, per system of the bench report, each run's wall seconds and the median per
+revision, each command's CPU seconds (model loading included; at one thread the steadier measure on a shared
+machine), and whether every revision's transcripts / outputs agree with the first revision's (the
 report's per-utterance texts for transcription presets)::
 
     python benchmarks/revisions_ab.py --rev d43a6a1 --rev 65a7c14 --rounds 3 -- \
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -48,12 +50,14 @@ def checkout(rev: str, root: Path) -> Path:
 def run_once(tree: Path, bench_args: list[str], out: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, "-m", "specli", "bench", *bench_args, "--out", str(out), "-q", "--no-plots"]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{tree.name}: specli bench failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     report = json.loads((out / "report.json").read_text())
-    return {"process_seconds": time.perf_counter() - t0,
+    return {"process_seconds": time.perf_counter() - t0,  # the whole command, model loading included
+            "process_cpu_seconds": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
             "systems": {s["system"]: {"wall": s["wall_seconds"], "tokens": s.get("tokens"),
                                       "audio_seconds": s.get("audio_seconds")} for s in report["summaries"]},
             "outputs": outputs(report)}
@@ -103,12 +107,13 @@ def main() -> None:
 def summarise(runs: dict[str, list[dict]], revs: list[str]) -> dict:
     first = revs[0]
     systems = sorted(runs[first][0]["systems"])
-    out: dict = {"median_wall": {}, "ratio_to_first": {}, "outputs_agree_with_first": {}}
+    out: dict = {"median_wall": {}, "ratio_to_first": {}, "median_process_cpu": {}, "outputs_agree_with_first": {}}
     for rev in revs:
         med = {s: statistics.median(run["systems"][s]["wall"] for run in runs[rev]) for s in systems}
         out["median_wall"][rev] = med
         base = out["median_wall"][first]
         out["ratio_to_first"][rev] = {s: med[s] / base[s] for s in systems}
+        out["median_process_cpu"][rev] = statistics.median(run["process_cpu_seconds"] for run in runs[rev])
         ref = runs[first][0]["outputs"]
         out["outputs_agree_with_first"][rev] = all(run["outputs"] == ref for run in runs[rev])
     return out

@@ -27,7 +27,8 @@ import transformers
 
 from specli import __version__ as specli_version
 from specli.io.audio import SAMPLE_RATE, load_audio
-from specli.asr.pipeline import discover
+from specli.asr.batched_longform import transcribe_long_audio
+from specli.asr.pipeline import DEFAULT_BATCH_SIZE, discover
 from specli.bench import wer
 from specli.bench.peer_worker import PeerWorker, call_timeout
 from specli.bench.peers import MAX_SHORT_FORM_SECONDS, BenchError, PeerTarget, parse_peer
@@ -124,7 +125,10 @@ class PresetSystem:
         if tally is not None:
             tally.reset()
         t0 = time.perf_counter()
-        res = transcribe_stream(self.model, [clip.audio], topts, self.decode)
+        if self.preset.longform == "batched":
+            res = transcribe_long_audio(self.model, [clip.audio], topts, self.decode, DEFAULT_BATCH_SIZE)
+        else:
+            res = transcribe_stream(self.model, [clip.audio], topts, self.decode)
         wall = time.perf_counter() - t0
         experts = None if tally is None else {str(n): list(v) for n, v in sorted(tally.by_tokens.items())}
         return Run(self.info.name, clip.path, repeat, clip.seconds, wall, res.stats.encode_seconds, res.stats.decode,

@@ -136,3 +136,21 @@ def test_without_the_vad_model_it_fails_before_whisper_loads(monkeypatch, tmp_pa
     finally:
         vad_module.load_vad.cache_clear()
     assert res.exit_code == ModelLoadError.exit_code and "specli[vad]" in res.stderr
+
+
+def test_bench_never_takes_it_for_the_baseline():
+    from specli.bench.runner import choose_baseline
+
+    batched, ar = load_preset(PRESET), load_preset("whisper-tiny.en-ar")
+    assert choose_baseline([batched, ar], None).name == "whisper-tiny.en-ar"
+    assert choose_baseline([batched], None).name == "whisper-base-ar"
+
+
+def test_resume_fingerprints_the_long_form_mode():
+    from dataclasses import replace
+
+    from specli.asr.pipeline import text_settings
+
+    ar = load_preset("whisper-base-ar")
+    assert "longform" not in text_settings(ar, TranscribeOptions())  # outputs made before the mode still resume
+    assert text_settings(replace(ar, longform="batched"), TranscribeOptions())["longform"] == "batched"

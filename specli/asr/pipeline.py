@@ -183,7 +183,8 @@ def text_settings(preset: Preset, opts: TranscribeOptions, extra: Mapping[str, o
     Every field of ``opts`` is included, so a new ``TranscribeOptions`` field is covered without more
     work; settings that live elsewhere (a decoding or VAD option) go into ``extra``.
     """
-    return {"preset": preset.name, "model": preset.model, "dtype": preset.dtype, **option_settings(opts),
+    batched = {"longform": preset.longform} if preset.longform != "sequential" else {}  # sequential: as before
+    return {"preset": preset.name, "model": preset.model, "dtype": preset.dtype, **batched, **option_settings(opts),
             **(extra or {})}
 
 

@@ -96,10 +96,12 @@ class Clip:
 
 
 def choose_baseline(presets: Sequence[Preset], baseline: str | None) -> Preset:
-    """``baseline`` (a preset name or TOML file), else the first AR preset given, else ``whisper-base-ar``."""
+    """``baseline`` (a preset name or TOML file), else the first AR preset given that decodes long files
+    sequentially (a batched long-form preset's text differs by design), else ``whisper-base-ar``."""
     if baseline:
         return load_preset(baseline)
-    return next((p for p in presets if p.draft.strategy == "ar"), None) or load_preset("whisper-base-ar")
+    plain = (p for p in presets if p.draft.strategy == "ar" and p.longform == "sequential")
+    return next(plain, None) or load_preset("whisper-base-ar")
 
 
 class PresetSystem:

@@ -14,12 +14,13 @@ from pathlib import Path
 from specli.io.audio import AUDIO_EXTENSIONS, iter_audio_chunks
 from specli.asr.fallback import AR, DecodeMethod
 from specli.models.languages import check_model_name, normalize_language
-from specli.asr.scheduler import batch_unsupported, transcribe_batched
+from specli.asr.batched_longform import transcribe_longform
+from specli.asr.scheduler import batch_unsupported, run_jobs
 from specli.asr.strategies import Engine, load_engine
-from specli.asr.windows import (FileResult, FileSteps, TranscribeOptions, run_alone, run_file,
+from specli.asr.windows import (FileResult, FileSteps, TranscribeOptions, run_alone,
                                           transcribe_steps)
 from specli.errors import AudioError, SpecliError, UsageError
-from specli.presets import DEFAULT_PRESET, Preset, load_preset
+from specli.presets import DEFAULT_PRESET, LongForm, Preset, load_preset
 from specli.io.resume import ResumeMode, SourceFile, decide, sidecar_path, write_sidecar
 from specli.asr.vad import VadOptions, speech_steps
 from specli.asr.writers import WRITERS, SubtitleOptions, result_record, to_json
@@ -133,6 +134,12 @@ def batch_size_for(model: SpeechModel, decode, batch_size: int) -> tuple[int, st
     return (1, why) if why else (batch_size, None)
 
 
+def rows_in_flight(batch_size: int, files: int, longform: LongForm) -> int:
+    """The batch size a run uses: ``batch_size`` chunks in batched long-form, else at most one row per file (more
+    files in flight than there are files only costs: one file decodes best on the batch-1 path)."""
+    return batch_size if longform == "batched" else min(batch_size, max(files, 1))
+
+
 def transcribe_files(
     model: SpeechModel,
     jobs: Iterable[tuple[int, Path | None]],
@@ -142,24 +149,32 @@ def transcribe_files(
     on_window: Callable[[Path, float], None] | None = None,
     vad: VadOptions | None = None,
     errors: tuple[type[Exception], ...] = (AudioError,),
+    longform: LongForm = "sequential",
 ) -> Iterator[tuple[int, FileResult | Exception]]:
     """``(key, result)`` of each ``(key, path)`` job, up to ``batch_size`` files in flight (continuous
     batching, :mod:`specli.asr.scheduler`), in completion order; a file raising one of ``errors``
     gets the exception as its result and the others go on. A job without a path (nothing to do) comes
-    back at once with the result None."""
+    back at once with the result None. ``longform`` "batched": up to ``batch_size`` voiced chunks in flight
+    instead (:mod:`specli.asr.batched_longform`)."""
+    size, _why = batch_size_for(model, decode, batch_size)
+    if longform == "batched":
+        paths: dict[int, Path] = {}
+
+        def reads() -> Iterator[tuple[int, Callable | None]]:
+            for key, path in jobs:
+                if path is not None:
+                    paths[key] = path
+                yield key, None if path is None else (lambda p=path: iter_audio_chunks(p))
+
+        progress = None if on_window is None else (lambda key, s: on_window(paths[key], s))
+        yield from transcribe_longform(model, reads(), opts, decode or AR, size, vad, errors, progress)
+        return
+
     def steps(path: Path | None) -> Callable[[], FileSteps] | None:
         cb = (lambda s: on_window(path, s)) if on_window else None
         return None if path is None else lambda: file_steps(model, path, opts, decode, cb, vad)
 
-    size, _why = batch_size_for(model, decode, batch_size)
-    if size == 1:
-        for key, path in jobs:
-            try:
-                yield key, path and run_file(model, steps(path)())
-            except errors as exc:
-                yield key, exc
-        return
-    yield from transcribe_batched(model, ((key, steps(path)) for key, path in jobs), size, decode or AR, errors)
+    yield from run_jobs(model, ((key, steps(path)) for key, path in jobs), size, decode or AR, errors)
 
 
 def text_settings(preset: Preset, opts: TranscribeOptions, extra: Mapping[str, object] | None = None) -> dict:
@@ -168,7 +183,8 @@ def text_settings(preset: Preset, opts: TranscribeOptions, extra: Mapping[str, o
     Every field of ``opts`` is included, so a new ``TranscribeOptions`` field is covered without more
     work; settings that live elsewhere (a decoding or VAD option) go into ``extra``.
     """
-    return {"preset": preset.name, "model": preset.model, "dtype": preset.dtype, **option_settings(opts),
+    batched = {"longform": preset.longform} if preset.longform != "sequential" else {}  # sequential: as before
+    return {"preset": preset.name, "model": preset.model, "dtype": preset.dtype, **batched, **option_settings(opts),
             **(extra or {})}
 
 
@@ -191,6 +207,7 @@ class BatchOptions:
     vad: VadOptions | None = None  # transcribe only the speech Silero VAD finds (specli.asr.vad); None: all
     subtitles: SubtitleOptions | None = None  # srt / vtt layout; None: the writers' defaults
     batch_size: int = 1  # files transcribed together (continuous batching, specli.asr.scheduler)
+    longform: LongForm = "sequential"  # the preset's long-form mode; "batched": batch_size voiced chunks together
     on_window: Callable[[Path, float], None] | None = None  # told (file, seconds done) as its windows finish
     on_redo: Callable[[Path, str], None] | None = None  # told (file, why) of each input whose outputs are redone
 
@@ -220,9 +237,9 @@ def run_batch(model: SpeechModel, items: Sequence[InputFile], opts: TranscribeOp
                 sources[i] = _identity(item.path)
             yield i, None if skipped[i] else item.path
 
-    # more files in flight than there are files only costs: one file decodes best on the batch-1 path
-    results = transcribe_files(model, todo(), opts, batch.decode, min(batch.batch_size, max(len(items), 1)),
-                               batch.on_window, vad)
+    results = transcribe_files(model, todo(), opts, batch.decode, rows_in_flight(batch.batch_size, len(items),
+                                                                               batch.longform),
+                               batch.on_window, vad, longform=batch.longform)
     yield from in_input_order((i, skipped.pop(i) or _write(items[i], result, formats, settings, batch.subtitles,
                                                            sources.pop(i, None)))
                               for i, result in results)
@@ -294,7 +311,9 @@ def transcribe(
     found, bad = discover(str(i) for i in inputs)
     yield from bad
     paths = [path for path, _root in found]
+    longform = engine.preset.longform
     results = transcribe_files(engine.model, enumerate(paths), options, engine.decode,
-                               min(batch_size, max(len(paths), 1)), vad=vad, errors=(SpecliError,))
+                               rows_in_flight(batch_size, len(paths), longform), vad=vad, errors=(SpecliError,),
+                               longform=longform)
     yield from in_input_order((i, Outcome(paths[i], error=str(r)) if isinstance(r, Exception)
                                else Outcome(paths[i], result=r)) for i, r in results)

@@ -26,7 +26,7 @@ from specli.core.batched import BatchDecoder, RowJob
 from specli.asr.fallback import DecodeMethod
 from specli.core.drafters.batched import batch_drafter
 from specli.asr.windows import (DecodeRequest, EncodeRequest, Encoded, FileResult, FileSteps,
-                                          serve_one)
+                                          run_file, serve_one)
 from specli.models.speech import SpeechModel
 
 #: A file to transcribe: its key (returned with its result) and a factory of its step machine, called
@@ -80,6 +80,20 @@ def transcribe_batched(
         if not sched.running:
             return
         sched.tick()
+
+
+def run_jobs(model: SpeechModel, files: Iterable[FileJob], batch_size: int, decode: DecodeMethod,
+             errors: tuple[type[Exception], ...] = ()) -> Iterator[tuple[Hashable, FileResult | Exception]]:
+    """:func:`transcribe_batched` at ``batch_size`` > 1; at 1 each job alone, in order (:func:`run_file`), with
+    the same results and the same handling of ``errors``."""
+    if batch_size > 1:
+        yield from transcribe_batched(model, files, batch_size, decode, errors)
+        return
+    for key, make in files:
+        try:
+            yield key, None if make is None else run_file(model, make())
+        except errors as exc:
+            yield key, exc
 
 
 class _Scheduler:

@@ -294,6 +294,12 @@ def remap_segment(seg: Segment, tmap: TimeMap) -> Segment:
     return dataclasses.replace(seg, **changes)
 
 
+def read_all(chunks: Iterable[np.ndarray]) -> np.ndarray:
+    """The whole stream of 16 kHz ``chunks`` as one array ``[samples]`` (VAD reads a file fully)."""
+    pieces = list(chunks)
+    return np.concatenate(pieces) if len(pieces) > 1 else (pieces[0] if pieces else np.zeros(0, np.float32))
+
+
 def speech_steps(
     model: SpeechModel,
     chunks: Iterable[np.ndarray],
@@ -305,8 +311,7 @@ def speech_steps(
 ) -> FileSteps:
     """Only the speech of ``chunks`` transcribed, as a step machine (:func:`transcribe_speech` runs it on its
     own; :func:`specli.asr.windows.transcribe_steps` over the speech spans)."""
-    pieces = list(chunks)
-    audio = np.concatenate(pieces) if len(pieces) > 1 else (pieces[0] if pieces else np.zeros(0, np.float32))
+    audio = read_all(chunks)
     spans = speech_timestamps(audio, vad, vad_model or load_vad())
     tmap = TimeMap(spans)
     cb = None if on_window is None else (lambda s: on_window(tmap.to_original(s, is_end=True)))

@@ -25,7 +25,7 @@ import torch
 from specli.io.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE
 from specli.asr.fallback import (AR, Attempt, DecodeMethod, FallbackSteps, WindowDecode, drive,
                                      fallback_steps, run_attempt, should_skip)
-from specli.asr.segments import completed_length, find_loop, split_window, trim_repetition, word_seek
+from specli.asr.segments import RawSegment, completed_length, find_loop, split_window, trim_repetition, word_seek
 from specli.errors import UsageError
 from specli.models.speech import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, DecodingOptions, SpeechHooks,
                                   SpeechModel, SpeechTarget, WindowPrompt, Word)
@@ -135,7 +135,7 @@ class WindowReader:
         return self._buf[: length]
 
 
-def _window_prompt(opts: TranscribeOptions, language: str | None, previous: list[int], hotwords: list[int],
+def window_prompt(opts: TranscribeOptions, language: str | None, previous: list[int], hotwords: list[int],
                    frames: int, gen: torch.Generator | None) -> WindowPrompt:
     """What the family builds a window's decode job from."""
     return WindowPrompt(opts.task, language, tuple(previous), tuple(hotwords), opts.timestamps,
@@ -244,8 +244,8 @@ def transcribe_steps(
     language, lang_prob = hooks.language(opts.language), None
     segments: list[Segment] = []
     last_speech = 0.0  # end of the last aligned word (word timestamps)
-    previous = _encode_text(model, dec.initial_prompt)
-    hotwords = _encode_text(model, dec.hotwords)
+    previous = encode_text(model, dec.initial_prompt)
+    hotwords = encode_text(model, dec.hotwords)
     gen: torch.Generator | None = None
     seek = 0  # in mel frames
     while True:
@@ -253,16 +253,16 @@ def transcribe_steps(
         window_frames = min(N_FRAMES, len(audio) // HOP_LENGTH)
         if window_frames == 0:
             break
-        window, frames = yield from _encode_window(model, hooks, audio, stats)
+        window, frames = yield from encode_window(model, hooks, audio, stats)
         if language is None:
             probs = hooks.detect_language(window.state)
             if probs:
                 language, lang_prob = next(iter(probs.items()))
         if gen is None:  # one generator per file, on the target's device
             gen = file_generator(dec.seed, window.features.device)
-        job = hooks.window_job(_window_prompt(opts, language, previous, hotwords, frames, gen))
+        job = hooks.window_job(window_prompt(opts, language, previous, hotwords, frames, gen))
         prompt = list(job.prompt)
-        win = yield from _attempts_of(window, fallback_steps(job, dec, model.tokenizer.decode, decode))
+        win = yield from attempts_of(window, fallback_steps(job, dec, model.tokenizer.decode, decode))
         accumulate(stats.decode, win.stats)
         stats.fallback_windows += int(win.first_failed)
         if on_decode is not None:
@@ -291,7 +291,7 @@ Transcribe 16 kHz mono chunks with ``decode`` (plain or speculative); ``on_windo
 reports progress. Runs :func:`transcribe_steps` (same arguments), answering each request on its own.""")
 
 
-def _encode_window(model: SpeechModel, hooks: SpeechHooks, audio: np.ndarray, stats: FileStats) -> Generator:
+def encode_window(model: SpeechModel, hooks: SpeechHooks, audio: np.ndarray, stats: FileStats) -> Generator:
     """Steps that encode one window (features here, the encoder by the driver), counted in ``stats``; returns
     the window and its real frames."""
     t0 = time.perf_counter()
@@ -303,7 +303,7 @@ def _encode_window(model: SpeechModel, hooks: SpeechHooks, audio: np.ndarray, st
     return Window(model.target, encoded.features, mel), frames
 
 
-def _attempts_of(window: Window, steps: FallbackSteps) -> Generator:
+def attempts_of(window: Window, steps: FallbackSteps) -> Generator:
     """The window's fallback steps, each :class:`Attempt` asked as a :class:`DecodeRequest` on ``window``."""
     reply = None
     try:
@@ -313,7 +313,7 @@ def _attempts_of(window: Window, steps: FallbackSteps) -> Generator:
         return stop.value
 
 
-def _encode_text(model: SpeechModel, text: str | None) -> list[int]:
+def encode_text(model: SpeechModel, text: str | None) -> list[int]:
     """openai-whisper's prompt text encoding: a leading space, stripped text."""
     return model.tokenizer.encode(" " + text.strip()) if text and text.strip() else []
 
@@ -322,24 +322,35 @@ def _window_segments(
     model: SpeechModel, opts: TranscribeOptions, win: WindowDecode, seek: int, window_frames: int, stats: FileStats
 ) -> tuple[list[Segment], int, list[int]]:
     """Segments of one window, the seek advance, and the tokens to condition the next window on."""
-    sp, tok, res = model.speech_hooks(), model.tokenizer, win.result
+    sp, res = model.speech_hooks(), win.result
     if should_skip(res.probed, win.avg_logprob, win.first_failed, opts.decoding):
         stats.skipped_windows += 1
         return [], window_frames, []
-    tokens, trimmed = (trim_repetition(res.tokens, timestamp_begin=sp.timestamp_begin)
-                       if opts.repetition_guard else (res.tokens, False))
-    stats.trimmed_windows += int(trimmed)
+    tokens, trimmed = guarded_tokens(model, opts, win, stats)
     raw, advance = split_window(tokens, sp.timestamp_begin, window_frames)
     if trimmed:  # resume right after the kept copy of the loop
         end = round(raw[-1].end * 100) if raw else 0
         advance = end if 0 < end < window_frames else window_frames
         if find_loop([t for t in res.tokens if t < sp.timestamp_begin])[0] == 0:
             raw = []  # the window is nothing but a loop: a hallucination, dropped
-    offset = seek * HOP_LENGTH / SAMPLE_RATE
-    segs = [
-        Segment(offset + r.start, offset + r.end, tok.decode(list(r.tokens)), r.tokens, win.avg_logprob,
-                res.probed, win.compression_ratio, win.temperature)
-        for r in raw
-    ]
     keep = [] if trimmed else tokens[: completed_length(tokens, sp.timestamp_begin)]
-    return [s for s in segs if s.text.strip()], advance, keep
+    return timed_segments(model, raw, seek * HOP_LENGTH / SAMPLE_RATE, win), advance, keep
+
+
+def guarded_tokens(model: SpeechModel, opts: TranscribeOptions, win: WindowDecode,
+                   stats: FileStats) -> tuple[list[int], bool]:
+    """The window's tokens with a hallucination loop cut (``opts.repetition_guard``, counted in ``stats``), and
+    whether one was."""
+    res = win.result
+    tokens, trimmed = (trim_repetition(res.tokens, timestamp_begin=model.speech_hooks().timestamp_begin)
+                       if opts.repetition_guard else (res.tokens, False))
+    stats.trimmed_windows += int(trimmed)
+    return tokens, trimmed
+
+
+def timed_segments(model: SpeechModel, raw: list[RawSegment], offset: float, win: WindowDecode) -> list[Segment]:
+    """The :class:`Segment` of each raw piece of ``win`` at ``offset`` seconds; pieces without text dropped."""
+    res = win.result
+    segs = [Segment(offset + r.start, offset + r.end, model.tokenizer.decode(list(r.tokens)), r.tokens,
+                    win.avg_logprob, res.probed, win.compression_ratio, win.temperature) for r in raw]
+    return [s for s in segs if s.text.strip()]

@@ -27,7 +27,8 @@ import transformers
 
 from specli import __version__ as specli_version
 from specli.io.audio import SAMPLE_RATE, load_audio
-from specli.asr.pipeline import discover
+from specli.asr.batched_longform import transcribe_long_audio
+from specli.asr.pipeline import DEFAULT_BATCH_SIZE, discover
 from specli.bench import wer
 from specli.bench.peer_worker import PeerWorker, call_timeout
 from specli.bench.peers import MAX_SHORT_FORM_SECONDS, BenchError, PeerTarget, parse_peer
@@ -95,10 +96,12 @@ class Clip:
 
 
 def choose_baseline(presets: Sequence[Preset], baseline: str | None) -> Preset:
-    """``baseline`` (a preset name or TOML file), else the first AR preset given, else ``whisper-base-ar``."""
+    """``baseline`` (a preset name or TOML file), else the first AR preset given that decodes long files
+    sequentially (a batched long-form preset's text differs by design), else ``whisper-base-ar``."""
     if baseline:
         return load_preset(baseline)
-    return next((p for p in presets if p.draft.strategy == "ar"), None) or load_preset("whisper-base-ar")
+    plain = (p for p in presets if p.draft.strategy == "ar" and p.longform == "sequential")
+    return next(plain, None) or load_preset("whisper-base-ar")
 
 
 class PresetSystem:
@@ -124,7 +127,10 @@ class PresetSystem:
         if tally is not None:
             tally.reset()
         t0 = time.perf_counter()
-        res = transcribe_stream(self.model, [clip.audio], topts, self.decode)
+        if self.preset.longform == "batched":
+            res = transcribe_long_audio(self.model, [clip.audio], topts, self.decode, DEFAULT_BATCH_SIZE)
+        else:
+            res = transcribe_stream(self.model, [clip.audio], topts, self.decode)
         wall = time.perf_counter() - t0
         experts = None if tally is None else {str(n): list(v) for n, v in sorted(tally.by_tokens.items())}
         return Run(self.info.name, clip.path, repeat, clip.seconds, wall, res.stats.encode_seconds, res.stats.decode,

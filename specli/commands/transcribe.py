@@ -22,6 +22,7 @@ from specli.commands.decoding_flags import DECODING_FLAGS, decoding_options
 from specli.core.threads import torch_threads
 from specli.commands.interrupt import report_interrupt
 from specli.models.languages import check_model_name, normalize_language
+from specli.asr.batched_longform import check_options
 from specli.asr.strategies import Engine, load_engine
 from specli.asr.windows import TranscribeOptions
 from specli.errors import AudioError
@@ -184,13 +185,15 @@ def _run(task: str, kw: dict) -> None:
         p = preset_for_model(p, kw["model"])  # --model of another family: its default preset
     language = normalize_language(kw["language"])
     opts = _transcribe_options(task, kw, language)
+    if p.longform == "batched":
+        check_options(opts)  # a usage error (exit 2) before any model loads
     found, bad = discover(_read_inputs(kw["inputs"]))
     items = plan_outputs(found, kw["output_dir"])
     formats = list(FORMATS) if kw["output_format"] == "all" else [kw["output_format"]]
     vad = _vad_options(kw)
     subtitles = _subtitle_options(kw)  # a usage error (exit 2) before the model loads
     _check_outputs(kw["output_dir"], kw["run_manifest"])  # usage errors before the model loads
-    if vad is not None:
+    if vad is not None or p.longform == "batched":
         load_vad()  # a missing VAD model fails (exit 3) before the Whisper model loads
     run, bad, items = _shard(kw, bad, items)  # under torchrun / accelerate launch: this rank's share
     engine = _load(task, kw, p, language)
@@ -205,6 +208,7 @@ def _run(task: str, kw: dict) -> None:
             in_flight = _InFlight(bar)
             batch = BatchOptions(decode=engine.decode, settings=_text_settings(engine.preset, opts, kw), mode=mode,
                                  vad=vad, subtitles=subtitles, batch_size=_batch_size(kw, engine),
+                                 longform=engine.preset.longform,
                                  on_window=in_flight.window,
                                  on_redo=lambda path, why: bar.message(f"redoing {path}: {why}"))
             outcomes = run_batch(engine.model, items, opts, formats, batch)

@@ -20,6 +20,10 @@ P = TypeVar("P", bound="PresetBase")  # a preset dataclass (Preset or SynthesisP
 DEFAULT_PRESET = "whisper-eagle-asr"
 
 DType = Literal["auto", "float32", "bfloat16", "float16", "int8"]  # auto: core.device.auto_dtype; int8: CPU weight-only
+# how a file longer than 30 s is transcribed: "sequential" = 30-s windows one after another, each prompted with the
+# previous text (specli.asr.windows); "batched" = its voiced chunks of <= 30 s decoded side by side as rows of one
+# batch, without that prompt (specli.asr.batched_longform, faster-whisper's BatchedInferencePipeline)
+LongForm = Literal["sequential", "batched"]
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -88,6 +92,7 @@ class Preset(PresetBase):
     DRAFT_KEYS: ClassVar[frozenset[str]] = DRAFT_FIELDS - {"draft_dir"}
 
     dtype: DType = "auto"  # numeric type of the target's weights and activations (auto: by device)
+    longform: LongForm = "sequential"  # long files: sequential windows, or voiced chunks as batch rows (opt-in)
 
     def _check(self) -> None:
         bad, d = self.bad, self.draft

@@ -25,6 +25,9 @@ class AudioLLMPreset(Preset):
 
     def _check(self) -> None:
         super()._check()
+        if self.longform != "sequential":
+            raise self.bad(f"family {self.family!r} transcribes long files sequentially only (longform = "
+                           "\"batched\" is for Whisper presets)")
         if self.draft.strategy not in ("ar", "chain"):
             raise self.bad(f"family {self.family!r} takes strategy 'ar' (drafter 'none') or 'chain' (drafter "
                            "'pool', 'eagle3' or 'dflash')")

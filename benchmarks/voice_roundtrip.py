@@ -12,7 +12,7 @@ English, the ``whisper-base-ar`` preset), word error rate after Whisper's Englis
 - ``specli``: ``specli synthesize`` with the voice (text -> LM -> flow -> vocoder), run as a subprocess with
   ``--jsonl -``, whose per-stage seconds give the real-time factor of the LLM, flow and vocoder stages; with
   the shipped name (``--voice specli-en``, the default) that is synthesize's default (preset specli-en-dflash,
-  greedy, the same tokens as specli-en-ar), with a directory the plain AR preset (RAS).
+  greedy, the same tokens as specli-en-ar), with a directory the plain AR preset (RAS) unless `--preset` names one.
 
 Writes ``report.json``, ``README.md`` and ``mel.png`` (piper's and specli's log-mel of one sentence) to
 ``--out``. Not a test; run it by hand on a quiet machine, e.g.
@@ -196,6 +196,8 @@ def main() -> None:
     ap.add_argument("--skip-copy", action="store_true", help="only piper and specli (no vocoder copies)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
                     help="another specli system with these synthesize options, e.g. 'greedy=--sampler greedy'")
+    ap.add_argument("--preset", help="the specli system's preset (default: synthesize's for --voice), e.g. "
+                    "specli-en-ar to measure a candidate directory as the shipped default would run it")
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks/voice"))
     args = ap.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant)
@@ -214,7 +216,8 @@ def main() -> None:
         if not args.skip_copy:
             extra["copy_seconds"] = copy_synthesis(args.corpus, clips, work)
         extra["flow_seconds"] = flow_from_tokens(args.voice, clips, work, args.tokens, args.seed)
-        records = speak(args.voice, clips, work, args.threads, args.seed)
+        records = speak(args.voice, clips, work, args.threads, args.seed,
+                        options=("--preset", args.preset) if args.preset else ())
         extra["rtf"] = stage_rtf(records)
         for name, options in variants.items():
             speak(args.voice, clips, work, args.threads, args.seed, name, tuple(options.split()))

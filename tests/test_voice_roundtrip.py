@@ -1,5 +1,5 @@
 """specli-en, the shipped voice, as a fresh install runs it: `specli synthesize --text "Hello there." -o out/` with
-no --model / --format writes a 22.05 kHz wav, and the voice speaking three short held-out sentences (never trained
+no --model / --format writes a 22.05 kHz wav, and the voice speaking ten short held-out sentences (never trained
 on: their sha1s are in data/voice/sentences.sha1's held-out range), read back by the bundled whisper-base, stays
 within the README's stated word error rate. Greedy LM (the default preset) and float32 stages: deterministic."""
 
@@ -23,12 +23,18 @@ from specli.models.cosyvoice.lm import resolve_cosyvoice
 from specli.models.cosyvoice.voices import SHIPPED_VOICES, voices_root
 
 REPO = Path(__file__).resolve().parent.parent
-# The rule that picked them (not their scores): the first three held-out sentences in sha1 order of 5-7 words made
+# The rule that picked them (not their scores): the first ten held-out sentences in sha1 order of 5-7 words made
 # only of letters, spaces, commas and full stops.
-SENTENCES = ("Political speeches are like steer horns.", "Well begun is half done.", "So she moved to Atlanta.")
-# The stated bound (README, "specli-en"): measured 0.5625 (9 errors in 16 words) on an AMD EPYC (Zen 1, AVX2); the
-# bound leaves room for another CPU's float rounding moving a greedy pick; audio that does not speak scores ~1.0.
-WER_BOUND = 0.75
+SENTENCES = ("Political speeches are like steer horns.", "Well begun is half done.", "So she moved to Atlanta.",
+             "Driver does not carry cash.", "You have taken yourself too seriously.",
+             "God is real, unless declared integer.", "Children should be seen and not heard.",
+             "Every living thing wants to survive.", "Mouse clicks numb the fingers.",
+             "It was never like this for Mencken.")
+# The stated bound (README, "specli-en"): the voice of the eighteenth session (a one-step flow) measured 0.414 (24
+# errors in 58 words) on a Sapphire Rapids Xeon, the voice before it 0.483 (28); the bound, 0.5 (29 words), leaves
+# 5 words for another CPU's float rounding moving greedy picks (the LM's, whisper's); audio that does not speak
+# scores ~1.0.
+WER_BOUND = 0.5
 
 
 def test_the_sentences_are_held_out() -> None:
@@ -53,7 +59,7 @@ def test_a_fresh_install_says_hello(tmp_path: Path) -> None:
     assert info.samplerate == 22050 and info.channels == 1 and 0.3 < info.duration < 5.0
 
 
-def test_three_held_out_sentences_read_back_within_the_bound(tmp_path: Path) -> None:
+def test_ten_held_out_sentences_read_back_within_the_bound(tmp_path: Path) -> None:
     lines = tmp_path / "lines.txt"
     lines.write_text("\n".join(SENTENCES) + "\n")
     out = tmp_path / "out"
@@ -61,7 +67,7 @@ def test_three_held_out_sentences_read_back_within_the_bound(tmp_path: Path) -> 
                                     "--jsonl", "-"], catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
     records = [json.loads(line) for line in res.stdout.splitlines()]
-    assert [r["sample_rate"] for r in records] == [22050] * 3
+    assert [r["sample_rate"] for r in records] == [22050] * len(SENTENCES)
     assert sum(r["stats"]["accepted"] for r in records) > 0  # the default (specli-en-dflash) drafts, losslessly
     outcomes = transcribe([out], preset="whisper-base-ar", options=TranscribeOptions(language="en"))
     heard = {o.path.stem: o.result.text for o in outcomes if o.result is not None}

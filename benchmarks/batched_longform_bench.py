@@ -20,30 +20,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import soundfile as sf
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from whisper_decode_workload import long_file_and_text  # noqa: E402
+
 BATCHED = "whisper-base-batched-longform"
 SEQUENTIAL = ("whisper-base-ar", "whisper-eagle-asr")
 PEERS = ("faster-whisper:int8", "faster-whisper-batched:int8")
 FW_BATCHED = "faster-whisper-batched:int8"
-
-
-def build_long_file(out: Path, cycles: int, seed: int = 3) -> tuple[Path, str]:
-    """A long WAV of the English sample clips with silences between, and its reference text."""
-    from specli.io.audio import SAMPLE_RATE, load_audio
-
-    clips = sorted((REPO / "samples" / "en").glob("*.wav"))
-    rng = np.random.default_rng(seed)
-    parts, texts = [], []
-    for _ in range(cycles):
-        for k in rng.permutation(len(clips)):
-            parts += [load_audio(clips[k]), np.zeros(round(SAMPLE_RATE * rng.uniform(2.5, 4.5)), np.float32)]
-            texts.append(clips[k].with_suffix(".txt").read_text(encoding="utf-8").strip())
-    path = out / "long.wav"
-    sf.write(path, np.concatenate(parts), SAMPLE_RATE, subtype="PCM_16")
-    return path, " ".join(texts)
 
 
 def summary(report: dict) -> list[str]:
@@ -80,7 +64,7 @@ def main() -> None:
     if args.audio is not None:
         path, text = args.audio, args.reference.read_text(encoding="utf-8").strip() if args.reference else None
     else:
-        path, text = build_long_file(args.out, args.cycles)
+        path, text = long_file_and_text(args.out, args.cycles, gaps=(2.5, 4.5), seed=3)
     cmd = [sys.executable, "-m", "specli.cli", "bench", str(path), "--presets", ",".join((*SEQUENTIAL, BATCHED)),
            "--threads", str(args.threads), "--dtype", args.dtype, "--repeat", str(args.repeat), "--language", "en",
            "--no-plots", "--out", str(args.out), "-q"]

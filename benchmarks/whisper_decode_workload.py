@@ -27,16 +27,24 @@ from specli.presets import load_preset
 SAMPLES = Path(__file__).resolve().parent.parent / "samples/en"
 
 
-def long_file(out: Path, cycles: int = 4) -> Path:
-    """~2 minutes: the English clips in shuffled order with 1-4 s gaps (as ``tests/test_longform.py`` builds)."""
-    rng, parts = np.random.default_rng(1), []
+def long_file_and_text(out: Path, cycles: int, gaps: tuple[float, float] = (1.0, 4.0), seed: int = 1
+                       ) -> tuple[Path, str]:
+    """``out/long.wav``: the English clips ``cycles`` times, each cycle shuffled, each clip followed by a silence drawn
+    from ``gaps`` (s); and its reference, the clips' ``.txt`` transcripts in the same order."""
+    rng, parts, texts = np.random.default_rng(seed), [], []
     clips = sorted(SAMPLES.glob("*.wav"))
     for _ in range(cycles):
         for k in rng.permutation(len(clips)):
-            parts += [load_audio(clips[k]), np.zeros(round(SAMPLE_RATE * rng.uniform(1.0, 4.0)), np.float32)]
+            parts += [load_audio(clips[k]), np.zeros(round(SAMPLE_RATE * rng.uniform(*gaps)), np.float32)]
+            texts.append(clips[k].with_suffix(".txt").read_text(encoding="utf-8").strip())
     path = out / "long.wav"
     sf.write(path, np.concatenate(parts), SAMPLE_RATE, subtype="PCM_16")
-    return path
+    return path, " ".join(texts)
+
+
+def long_file(out: Path, cycles: int = 4) -> Path:
+    """~2 minutes: the English clips in shuffled order with 1-4 s gaps (as ``tests/test_longform.py`` builds)."""
+    return long_file_and_text(out, cycles)[0]
 
 
 def run(engine, files: list[Path]) -> tuple[float, list[str]]:

@@ -25,6 +25,28 @@ EN_CLIPS = sorted((SAMPLES / "en").glob("*.wav"))
 ES_CLIPS = sorted((SAMPLES / "es").glob("*.wav"))
 FR_CLIPS = sorted((SAMPLES / "fr").glob("*.wav"))
 
+
+def write_long_english(path: Path, cycles: int, gap_range: tuple[float, float], seed: int
+                       ) -> tuple[list[tuple[float, float, Path]], float]:
+    """A long 16-kHz WAV at ``path``: every English clip ``cycles`` times, each cycle shuffled, each clip followed
+    by a silence drawn from ``gap_range`` (s). Returns each clip's ``(start s, end s, clip)`` and the duration (s)."""
+    import numpy as np
+    import soundfile as sf
+
+    from specli.io.audio import SAMPLE_RATE, load_audio
+
+    rng = np.random.default_rng(seed)
+    parts, utterances, pos = [], [], 0
+    for _ in range(cycles):
+        for k in rng.permutation(len(EN_CLIPS)):
+            audio = load_audio(EN_CLIPS[k])
+            gap = np.zeros(round(SAMPLE_RATE * rng.uniform(*gap_range)), dtype=np.float32)
+            utterances.append((pos / SAMPLE_RATE, (pos + len(audio)) / SAMPLE_RATE, EN_CLIPS[k]))
+            parts += [audio, gap]
+            pos += len(audio) + len(gap)
+    sf.write(path, np.concatenate(parts), SAMPLE_RATE, subtype="PCM_16")
+    return utterances, pos / SAMPLE_RATE
+
 # Two intra-op threads unless OMP_NUM_THREADS says otherwise (`OMP_NUM_THREADS=1 python -m pytest` really
 # runs at one thread: numeric tolerances must hold at 1 and 2).
 _OMP = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()

@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 from click.testing import CliRunner
 
-from conftest import EN_CLIPS
+from conftest import EN_CLIPS, write_long_english
 from specli.asr.batched_longform import (BATCHED_VAD, CHUNK_SECONDS, pack_spans, speech_chunks,
                                          transcribe_long_audio)
 from specli.asr.pipeline import transcribe
@@ -30,15 +30,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def long_file(tmp_path_factory):
     """A ~2-minute WAV of the real English clips and silences: its path and duration (s)."""
-    rng = np.random.default_rng(3)
-    parts = []
-    for _ in range(CYCLES):
-        for k in rng.permutation(len(EN_CLIPS)):
-            parts += [load_audio(EN_CLIPS[k]), np.zeros(round(SAMPLE_RATE * rng.uniform(2.5, 4.5)), np.float32)]
-    audio = np.concatenate(parts)
     path = tmp_path_factory.mktemp("batched_longform") / "long.wav"
-    sf.write(path, audio, SAMPLE_RATE, subtype="PCM_16")
-    return path, audio.size / SAMPLE_RATE
+    _utterances, seconds = write_long_english(path, CYCLES, (2.5, 4.5), seed=3)
+    return path, seconds
 
 
 def test_the_preset_ships_batched_and_is_never_the_default():

@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 import pytest
-import soundfile as sf
 from click.testing import CliRunner
 
-from conftest import EN_CLIPS
-from specli.io.audio import SAMPLE_RATE, load_audio
+from conftest import write_long_english
 from specli.cli import main
 
 CYCLES = 3  # every clip three times: 15 utterances, about 71 s of speech ...
@@ -50,23 +47,13 @@ def lcs_pairs(ref: list[str], hyp: list[str]) -> list[tuple[int, int]]:
 def longform(tmp_path_factory):
     """Write the long file, transcribe it once with whisper-tiny.en (all formats, jsonl record)."""
     root = tmp_path_factory.mktemp("longform")
-    rng = np.random.default_rng(1)
-    parts, utterances, pos = [], [], 0
-    for _ in range(CYCLES):
-        for k in rng.permutation(len(EN_CLIPS)):
-            clip = EN_CLIPS[k]
-            audio = load_audio(clip)
-            gap = np.zeros(round(SAMPLE_RATE * rng.uniform(*GAP_RANGE)), dtype=np.float32)
-            utterances.append((pos / SAMPLE_RATE, (pos + len(audio)) / SAMPLE_RATE, clip))
-            parts += [audio, gap]
-            pos += len(audio) + len(gap)
     path = root / "long.wav"
-    sf.write(path, np.concatenate(parts), SAMPLE_RATE, subtype="PCM_16")
+    utterances, seconds = write_long_english(path, CYCLES, GAP_RANGE, seed=1)
     res = CliRunner().invoke(main, ["transcribe", str(path), "--preset", "whisper-tiny.en-ar", "-o", str(root / "out"),
                                     "-f", "all", "--jsonl", "-"], catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
     (record,) = [json.loads(line) for line in res.stdout.splitlines()]
-    return {"record": record, "utterances": utterances, "seconds": pos / SAMPLE_RATE, "out": root / "out"}
+    return {"record": record, "utterances": utterances, "seconds": seconds, "out": root / "out"}
 
 
 def test_duration_and_windows(longform):

@@ -37,8 +37,13 @@ def absolute(args: list[str]) -> list[str]:
     return [str(Path(a).resolve()) if not a.startswith("-") and Path(a).exists() else a for a in args]
 
 
+def slug(rev: str) -> str:
+    """A revision as a directory name."""
+    return rev.replace("/", "_")
+
+
 def checkout(rev: str, root: Path) -> Path:
-    tree = root / rev.replace("/", "_")
+    tree = root / slug(rev)
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(tree), rev], check=True)
     found = subprocess.run([sys.executable, "-c", "import specli; print(specli.__file__)"], cwd=tree, check=True,
                            env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True).stdout.strip()
@@ -90,7 +95,7 @@ def main() -> None:
             for r in range(args.rounds):
                 order = args.rev if r % 2 == 0 else list(reversed(args.rev))
                 for rev in order:
-                    res = run_once(trees[rev], bench_args, out / f"{rev.replace('/', '_')}-{r}")
+                    res = run_once(trees[rev], bench_args, out / f"{slug(rev)}-{r}")
                     runs[rev].append(res)
                     walls = ", ".join(f"{k} {v['wall']:.2f} s" for k, v in res["systems"].items())
                     print(f"round {r} {rev}: {walls}", flush=True)

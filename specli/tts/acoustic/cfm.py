@@ -34,6 +34,7 @@ MAX_SILENT_RUN = 5  # silent tokens kept in a row; later ones are dropped (CosyV
 
 _noise_cache: dict[int, torch.Tensor] = {}
 
+
 class Estimator(Protocol):
     """The velocity estimator a CFM solve calls (the UNet, CosyVoice 2; the DiT, CosyVoice 3)."""
 

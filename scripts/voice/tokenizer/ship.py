@@ -130,9 +130,11 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         raise SystemExit("error: the data build is not complete (train.tsv); pass --allow-partial to try")
     part = args.work / "tokens" / sha[:16]
     part.mkdir(parents=True, exist_ok=True)
-    have = done_tokens(part)
+    kept = committed_tokens(args.out / "tokens.npz", sha)
+    have = {**done_tokens(part), **kept}
     todo = [c for c in clips if c.id not in have]
-    log(f"tokenize: {len(clips)} clips, {len(have)} done, {len(todo)} to do with {onnx_path.name} {sha[:16]}")
+    log(f"tokenize: {len(clips)} clips, {len(kept)} kept from {args.out / 'tokens.npz'}, {len(have) - len(kept)} "
+        f"in shards, {len(todo)} to do with {onnx_path.name} {sha[:16]}")
     sess = X.session(onnx_path, threads=1)
     rows: list[tuple[str, np.ndarray]] = []
     t0, audio_s = time.monotonic(), 0.0
@@ -145,8 +147,22 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
             wall = time.monotonic() - t0
             log(f"tokenize: {i + 1}/{len(todo)}, {audio_s / 3600:.2f} h, RTF {wall / audio_s:.4f}")
     stats = {"rtf": (time.monotonic() - t0) / audio_s if audio_s else None}
-    write_tokens(args.out, clips, done_tokens(part), sha, onnx_path, complete, stats)
+    write_tokens(args.out, clips, {**done_tokens(part), **kept}, sha, onnx_path, complete, stats)
     return 0
+
+
+def committed_tokens(path: Path, sha: str) -> dict[str, np.ndarray]:
+    """The codes of every clip already in ``path`` when the same ONNX file (``sha``) made it, else nothing.
+
+    They are kept as they are: re-tokenizing on another CPU moves a few codes near an FSQ boundary (onnxruntime's
+    float path), and the shipped weights were trained on the committed codes, so a rebuild only adds clips."""
+    if not path.is_file():
+        return {}
+    with np.load(path) as z:
+        if str(z["onnx_sha256"]) != sha:
+            return {}
+        offsets, tokens = z["offsets"], z["tokens"]
+        return {str(cid): tokens[offsets[i]:offsets[i + 1]] for i, cid in enumerate(z["ids"])}
 
 
 def done_tokens(part: Path) -> dict[str, np.ndarray]:
@@ -189,6 +205,7 @@ def write_tokens(out: Path, clips: list[D.Clip], tokens: dict[str, np.ndarray], 
 def write_readme(out: Path, kept: list[D.Clip], hours: dict, sha: str, onnx_path: Path, complete: bool,
                  stats: dict) -> None:
     splits = {s: sum(c.split == s for c in kept) for s in ("train", "heldout")}
+    rtf = f"  Tokenisation RTF {stats['rtf']:.4f} on one core." if stats.get("rtf") else ""
     text = f"""# Speech tokens of the voice corpus
 
 `tokens.npz`: the speech tokens of every clip of the piper/joe fortunes corpus
@@ -197,7 +214,7 @@ held-out clips = {hours['heldout']:.2f} h{'' if complete else '; PARTIAL build'}
 `python -m scripts.voice tokens` running `{onnx_path.name}` (sha256 `{sha}`) with onnxruntime on
 each clip's whole-clip Whisper 128-bin log-mel: the 22.05 kHz wav zero-padded to a multiple of 1024
 samples, soxr HQ to 16 kHz, `specli.tts.acoustic.features.whisper_log_mel`.  21.533 Hz, exactly 4 mel
-frames (hop 256 at 22.05 kHz) per token.  Tokenisation RTF {stats.get('rtf') or 0:.4f} on one core.
+frames (hop 256 at 22.05 kHz) per token.{rtf}
 
 Arrays: `ids` (clip id = first 12 hex digits of the sentence sha1), `split` (0 train, 1 held-out),
 `offsets` (clip i is `tokens[offsets[i]:offsets[i+1]]`), `tokens` (uint16), `onnx_sha256`.

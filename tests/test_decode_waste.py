@@ -66,6 +66,7 @@ def test_shared_log_softmax_equals_filter_then_log_softmax_bit_for_bit(timestamp
             host = got.pick(torch.tensor(rows), torch.tensor(toks)).tolist()
             values = got.read(host, rows, toks)
             assert values == [ref[r, t].item() for r, t in zip(rows, toks)]
+            assert torch.equal(got.exact(), ref)  # whole rows (beam search), stale ones recomputed
             assert values == [torch.log_softmax(want[r], -1)[t].item() for r, t in zip(rows, toks)]  # 1-D rows
     finally:
         torch.set_num_threads(before)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from specli.core.job import DecodeJob, prefill
-from specli.core.logits import filter_logits
+from specli.core.logits import filter_with_logprobs
 from specli.core.types import BeamTarget, DecodeResult, DecodeStats, TargetState
 
 
@@ -48,7 +48,7 @@ def beam_decode(target: BeamTarget, state: TargetState, job: DecodeJob, beam: Be
     finished: dict[tuple[int, ...], float] = {}
     max_candidates = max(1, round(beam.beam_size * (beam.patience or 1.0)))
     for _step in range(job.max_new_tokens):
-        logp = torch.log_softmax(filter_logits(logits, [list(s) for s in seqs], job.rules), -1)  # [rows, vocab]
+        logp = filter_with_logprobs(logits, [list(s) for s in seqs], job.rules).exact()  # [rows, vocab], 1 log_softmax
         seqs, sums, sources, ended = _extend(seqs, sums, logp, beam.beam_size, job.eot)
         for seq in sorted(ended, key=ended.get, reverse=True):
             if len(finished) >= max_candidates:

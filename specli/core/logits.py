@@ -170,6 +170,18 @@ class Filtered:
         """``filtered [n, vocab]`` with its own log_softmax (no shared one)."""
         return cls(filtered, torch.log_softmax(unit_temperature(filtered, params), -1), None, params)
 
+    def exact(self) -> torch.Tensor:
+        """``logprobs [n, vocab]`` exact on every row: the stale rows recomputed from the filtered logits (one host
+        check of the stale flags; beam search reads whole rows, not picked tokens)."""
+        if self.stale is None:
+            return self.logprobs
+        rows = self.stale.nonzero().squeeze(1)  # [s]
+        if rows.numel() == 0:
+            return self.logprobs
+        out = self.logprobs.clone()
+        out[rows] = torch.log_softmax(unit_temperature(self.logits.index_select(0, rows), self.params), -1)
+        return out
+
     def pick(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``logprobs[rows, tokens]`` ``[k]`` then (with stale rows possible) each row's stale flag ``[k]``, float64
         on the device: the caller packs it into its one readback and hands the host values to :meth:`read`."""

@@ -186,3 +186,28 @@ def test_resume_after_sigkill_gives_every_output_exactly_once(tmp_path):
     assert sorted(sources) == sorted(c.resolve() for c in EN_CLIPS + twins)
     assert sum(n.startswith("priv-introsaved-") for n in finished) == 2
     assert {n: (out / n).stat().st_mtime_ns for n in before} == before  # not redone
+
+
+def test_model_without_a_preset_runs_with_its_own_head_or_none(tmp_path):
+    """`--model whisper-tiny.en` beside the default preset (whose EAGLE head is whisper-base's) runs the shipped
+    tiny.en EAGLE preset; a model no shipped head fits decodes without a drafter; a named preset is kept as named."""
+    from dataclasses import replace
+
+    from specli.presets import DEFAULT_PRESET, load_preset, preset_for_model
+
+    default = load_preset(DEFAULT_PRESET)
+    assert preset_for_model(default, None) is default
+    assert preset_for_model(default, default.model) is default
+    assert preset_for_model(default, "whisper-tiny.en").name == "whisper-tiny.en-eagle-asr"
+    plain = preset_for_model(default, str(tmp_path / "whisper-small"))
+    assert (plain.model, plain.draft.drafter, plain.draft.strategy) == (str(tmp_path / "whisper-small"), "none", "ar")
+    pool = load_preset("whisper-base-pool")  # no head: the drafter is no model's own
+    assert preset_for_model(replace(pool), "whisper-tiny.en") == pool
+    clip = EN_CLIPS[0]
+    res = run("transcribe", str(clip), "--model", "whisper-tiny.en", "-o", str(tmp_path / "o"), "-f", "txt")
+    assert res.exit_code == 0, res.output
+    assert "runs with preset whisper-tiny.en-eagle-asr" in res.stderr
+    assert recall(reference(clip), (tmp_path / "o" / f"{clip.stem}.txt").read_text()) > 0.8
+    res = run("transcribe", str(clip), "--preset", DEFAULT_PRESET, "--model", "whisper-tiny.en",
+              "-o", str(tmp_path / "named"))
+    assert res.exit_code != 0 and "does not match this target" in res.output + res.stderr  # as named: refused

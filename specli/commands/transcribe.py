@@ -182,7 +182,11 @@ def _run(task: str, kw: dict) -> None:
     click.get_current_context().with_resource(torch_threads(kw["threads"]))  # restored when the command returns
     p = load_preset(kw["preset"])
     if click.get_current_context().get_parameter_source("preset") is click.core.ParameterSource.DEFAULT:
-        p = preset_for_model(p, kw["model"])  # --model of another family: its default preset
+        chosen = preset_for_model(p, kw["model"])  # --model of another family or without a head: see there
+        if chosen.draft != p.draft and chosen.family == p.family:
+            click.echo(f"note: {p.name}'s drafter is trained for {p.model}; {kw['model']} runs with "
+                       + (f"preset {chosen.name}" if chosen.name != p.name else "no drafter (the same text)"), err=True)
+        p = chosen
     language = normalize_language(kw["language"])
     opts = _transcribe_options(task, kw, language)
     if p.longform == "batched":

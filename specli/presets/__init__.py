@@ -173,11 +173,21 @@ def load_preset(name_or_path: str) -> Preset:
 
 def preset_for_model(preset: Preset, model: str | None) -> Preset:
     """The preset to run ``model`` with when no preset was named: ``preset`` itself, unless another family
-    claims ``model`` (``specli transcribe --model <Qwen2-Audio dir>``): then that family's default preset."""
+    claims ``model`` (``specli transcribe --model <Qwen2-Audio dir>``): then that family's default preset; or
+    ``preset`` drafts with a head trained for its own model and ``model`` is another (``--model whisper-tiny.en``
+    beside the whisper-base default): then the shipped preset with the same drafter and strategy for ``model``,
+    else ``preset`` for ``model`` decoding without a drafter (the same text: a head drafts only for its target)."""
     owner = family_of_model(model) if model else None
-    if owner is None or owner.name == preset.family or not owner.default_preset:
+    if owner is not None and owner.name != preset.family and owner.default_preset:
+        return load_preset(owner.default_preset)
+    if not model or model == preset.model or not preset.draft.head:
         return preset
-    return load_preset(owner.default_preset)
+    for name in available_presets("transcribe"):
+        twin = load_any_preset(name)
+        if (isinstance(twin, Preset) and twin.family == preset.family and twin.model == model
+                and (twin.draft.drafter, twin.draft.strategy) == (preset.draft.drafter, preset.draft.strategy)):
+            return twin
+    return replace(preset, model=model, draft=default_draft(Preset))
 
 
 def read_preset_toml(name_or_path: str) -> tuple[str, dict]:

@@ -81,10 +81,9 @@ class EagleDrafter(Drafter):
         dtype = self._head_dtype(state.audio_features.dtype)
         if dtype != self.head.ln_rec.weight.dtype and dtype.is_floating_point:
             self._use(dtype)
-        # once per window; contiguous: SDPA over strided K/V views was ~2x slower for one query row;
-        # float32 on the CPU (see cross_attention)
-        keep = torch.float32 if self._device.type == "cpu" else dtype
-        self._cross = tuple(t.to(keep).contiguous() for t in self.head.cross_kv(state.audio_features))
+        # once per window, in the head's dtype (the projection's own values; layers.cross_attention accumulates in
+        # float32 over bf16); contiguous: SDPA over strided K/V views was ~2x slower for one query row
+        self._cross = tuple(t.contiguous() for t in self.head.cross_kv(state.audio_features))
 
     def _step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One head step for a single draft ``x [1, 1, d]``: (hidden [1, 1, d], draft-vocabulary logits [Vd])."""

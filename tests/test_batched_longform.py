@@ -29,10 +29,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def long_file(tmp_path_factory):
-    """A ~2-minute WAV of the real English clips and silences: its path and duration (s)."""
+    """A ~2-minute WAV of the real English clips and silences: its path, duration (s) and each clip's
+    ``(start s, end s, clip)``."""
     path = tmp_path_factory.mktemp("batched_longform") / "long.wav"
-    _utterances, seconds = write_long_english(path, CYCLES, (2.5, 4.5), seed=3)
-    return path, seconds
+    utterances, seconds = write_long_english(path, CYCLES, (2.5, 4.5), seed=3)
+    return path, seconds, utterances
 
 
 def test_the_preset_ships_batched_and_is_never_the_default():
@@ -42,7 +43,7 @@ def test_the_preset_ships_batched_and_is_never_the_default():
 
 
 def test_cli_transcribes_a_long_file_with_times_inside_it_and_in_order(long_file, tmp_path, memo_loaders):
-    path, seconds = long_file
+    path, seconds, _ = long_file
     res = CliRunner().invoke(main, ["transcribe", str(path), "--preset", PRESET, "--dtype", "float32", "--language",
                                     "en", "-o", str(tmp_path), "--jsonl", "-"], catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
@@ -59,7 +60,7 @@ def test_cli_transcribes_a_long_file_with_times_inside_it_and_in_order(long_file
 
 
 def test_batched_rows_equal_the_chunks_decoded_one_at_a_time(long_file, whisper_models):
-    path, _ = long_file
+    path, _, _ = long_file
     model = whisper_models("whisper-base", "float32")
     audio = load_audio(path)
     _tmap, chunks = speech_chunks(audio, BATCHED_VAD)
@@ -73,7 +74,7 @@ def test_batched_rows_equal_the_chunks_decoded_one_at_a_time(long_file, whisper_
 
 
 def test_language_is_detected_once_on_the_first_chunk(long_file, whisper_models):
-    path, _ = long_file
+    path, _, _ = long_file
     res = transcribe_long_audio(whisper_models("whisper-base", "float32"), [load_audio(path)[: 40 * SAMPLE_RATE]],
                                 TranscribeOptions(max_new_tokens=8), batch_size=2)
     assert res.language == "en" and 0.5 < res.language_probability <= 1.0 and res.segments
@@ -112,10 +113,28 @@ def test_rejected_where_it_cannot_apply(tmp_path, long_file):
     odd.write_text('model = "whisper-base"\nlongform = "parallel"\n')
     with pytest.raises(PresetError, match="longform must be one of"):
         load_preset(str(odd))
-    res = CliRunner().invoke(main, ["transcribe", str(long_file[0]), "--preset", PRESET, "--word-timestamps",
-                                    "-o", str(tmp_path / "out")])
-    assert res.exit_code == 2 and "word timestamps are not available in batched long-form" in res.stderr
-    assert not (tmp_path / "out").exists()
+
+
+def test_word_timestamps_are_aligned_per_chunk_and_mapped_to_file_time(long_file, tmp_path, memo_loaders):
+    path, _, utterances = long_file
+    tmap, _chunks = speech_chunks(load_audio(path), BATCHED_VAD)
+    # chunks hold several VAD pieces: the silences between them were removed before decoding
+    assert any(len(group) > 1 for group in pack_spans(tmap.spans, round(CHUNK_SECONDS * SAMPLE_RATE)))
+    res = CliRunner().invoke(main, ["transcribe", str(path), "--preset", PRESET, "--dtype", "float32", "--language",
+                                    "en", "--word-timestamps", "-o", str(tmp_path), "--output-format", "json"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    segs = json.loads((tmp_path / "long.json").read_text(encoding="utf-8"))["segments"]
+    assert segs
+    for seg in segs:
+        assert seg["words"] and all(seg["start"] <= w["start"] <= w["end"] <= seg["end"] for w in seg["words"]), seg
+        assert "".join(w["word"] for w in seg["words"]).replace(" ", "") == seg["text"].replace(" ", "")
+    words = [w for seg in segs for w in seg["words"]]
+    assert all(a["end"] <= b["start"] for a, b in zip(words, words[1:]))
+    # the first word after each silence starts after it, inside the clip that follows (VAD pads speech by 0.4 s)
+    for (_, silence_start, _), (start, end, clip) in zip(utterances, utterances[1:]):
+        first = next(w for w in words if w["start"] > silence_start + 0.5)
+        assert start - 0.5 <= first["start"] < end, (clip.name, start, first)
 
 
 def test_without_the_vad_model_it_fails_before_whisper_loads(monkeypatch, tmp_path, long_file):

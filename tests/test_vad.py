@@ -264,6 +264,11 @@ def test_time_map_back_to_the_file():
     # each word moves with the span holding its middle, so " b" does not straddle the 2-4 s gap
     assert [(w.start, w.end) for w in moved.words] == [(1.5, 1.9), (1.9, 2.0), (4.1, 5.0)]
     assert [w.word for w in moved.words] == [" a", " b", " c"]
+    # an instant word on the boundary that closes its segment stays in the segment's span, inside the segment
+    closing = Segment(0.5, 1.0, " a b", (1, 2), -0.1, 0.0, 1.0, words=(words[0], Word(1.0, 1.0, " b", 0.8)))
+    moved = remap_segment(closing, tmap)
+    assert (moved.start, moved.end) == (1.5, 2.0)
+    assert [(w.start, w.end) for w in moved.words] == [(1.5, 1.9), (2.0, 2.0)]
 
 
 # ---------------------------------------------------------------------------

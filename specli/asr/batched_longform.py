@@ -6,8 +6,11 @@ most 30 s; 160 ms of silence ends one; ``--vad`` settings, when given, with piec
 pieces are packed, the silence between them dropped, into chunks of at most 30 s of speech (faster-whisper's
 ``collect_chunks``). Each chunk is one window decoded once, independently of the others: every chunk is one job of
 the batched scheduler (:mod:`specli.asr.scheduler`), so up to ``batch_size`` chunks are encoded in one encoder call
-and decoded as rows of one batch decoder. Segment times are mapped back to the file through the VAD's
-:class:`~specli.asr.vad.TimeMap`.
+and decoded as rows of one batch decoder. With word timestamps, each chunk's segments are aligned on that chunk's
+own window (:func:`specli.asr.windows.window_words`, the sequential path's cross-attention alignment) in
+speech-only time; segment and word times are then mapped back to the file together through the VAD's
+:class:`~specli.asr.vad.TimeMap` (:func:`~specli.asr.vad.remap_segment`), so a word after a removed silence lands
+after it.
 
 How its output differs from sequential long-form (:mod:`specli.asr.windows`), as faster-whisper's batched pipeline:
 
@@ -20,7 +23,9 @@ How its output differs from sequential long-form (:mod:`specli.asr.windows`), as
   timestamp ends at the chunk's end (faster-whisper drops it); without them (faster-whisper batched's default) a
   chunk is one segment spanning it;
 - specli's repetition guard (a hallucination loop cut) still applies; beam search at temperature 0 runs chunk by
-  chunk (the scheduler runs attempts that are not plain greedy alone); word timestamps are refused.
+  chunk (the scheduler runs attempts that are not plain greedy alone);
+- word timestamps: each chunk is aligned on its own, its long-first-word clip measuring the pause from the chunk's
+  start (faster-whisper carries where speech last ended from chunk to chunk), so batch-N equals batch-1.
 """
 
 from __future__ import annotations
@@ -36,10 +41,9 @@ from specli.asr.segments import FRAMES_PER_TIMESTAMP, split_window
 from specli.asr.vad import (SileroVad, Span, TimeMap, VadOptions, collect_speech, load_vad, read_all,
                             remap_segment, speech_timestamps)
 from specli.asr.windows import (FileResult, FileStats, FileSteps, TranscribeOptions, Window,
-                                attempts_of, encode_text, encode_window, window_prompt, file_generator,
-                                guarded_tokens, serve_one, timed_segments)
+                                attempts_of, check_word_timestamps, encode_text, encode_window, window_prompt,
+                                file_generator, guarded_tokens, serve_one, timed_segments, window_words)
 from specli.core.types import accumulate
-from specli.errors import UsageError
 from specli.io.audio import SAMPLE_RATE
 from specli.models.speech import SpeechModel
 
@@ -56,13 +60,6 @@ def batched_vad(vad: VadOptions | None) -> VadOptions:
     """The VAD settings of a batched long-form run: faster-whisper batched's, or ``vad`` with speech pieces capped
     at one chunk (as faster-whisper caps its ``vad_parameters``)."""
     return BATCHED_VAD if vad is None else replace(vad, max_speech_duration_s=CHUNK_SECONDS)
-
-
-def check_options(opts: TranscribeOptions) -> None:
-    """Refuse (UsageError) what batched long-form cannot do: word timestamps."""
-    if opts.word_timestamps:
-        raise UsageError("word timestamps are not available in batched long-form (a preset with longform = "
-                         "\"batched\"): use a sequential preset")
 
 
 def pack_spans(spans: Sequence[Span], max_samples: int) -> list[list[Span]]:
@@ -103,7 +100,8 @@ def speech_chunks(audio: np.ndarray, vad: VadOptions, vad_model: SileroVad | Non
 def chunk_steps(model: SpeechModel, chunk: SpeechChunk, opts: TranscribeOptions, language: str | None,
                 decode: DecodeMethod = AR, encoded: tuple[Window, int] | None = None) -> FileSteps:
     """One chunk as a step machine of the scheduler: its window encoded (unless ``encoded`` is given: the window
-    and its frames), decoded once at the first temperature, split into segments; times in speech-only time."""
+    and its frames), decoded once at the first temperature, split into segments (with word timestamps: aligned on
+    this window, the pause before the first word measured from the chunk's start); times in speech-only time."""
     hooks, dec = model.speech_hooks(), opts.decoding
     stats = FileStats()
     if encoded is None:
@@ -120,7 +118,10 @@ def chunk_steps(model: SpeechModel, chunk: SpeechChunk, opts: TranscribeOptions,
     if tokens and tokens[-1] < tb and any(t >= tb for t in tokens):  # text after the last timestamp: kept,
         tokens = [*tokens, tb + frames // FRAMES_PER_TIMESTAMP]  # closed at the chunk's end (no seek re-decodes it)
     raw, _advance = split_window(tokens, tb, frames)
-    return FileResult(language, None, timed_segments(model, raw, chunk.offset, win), stats)
+    segments = timed_segments(model, raw, chunk.offset, win)
+    if opts.word_timestamps and segments:
+        segments = window_words(model, opts, window, segments, language, chunk.offset, frames, chunk.offset).segments
+    return FileResult(language, None, segments, stats)
 
 
 @dataclass
@@ -198,7 +199,7 @@ def transcribe_longform(
     after another, the same text); yields ``(key, result)`` as each file's last chunk comes back. A file raising one
     of ``errors`` (reading it, or in a chunk) gets the exception as its result; ``on_window(key, seconds)`` is told
     the file time up to which its chunks are done. ``vad``: ``--vad`` settings (:func:`batched_vad`)."""
-    check_options(opts)
+    check_word_timestamps(model, opts)
     vad = batched_vad(vad)
     plans: dict[Hashable, _File] = {}
 

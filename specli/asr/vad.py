@@ -273,11 +273,12 @@ class TimeMap:
         return round(min(max(sample, start), end) / self.sample_rate, 3)
 
 
-def _remap_words(words, tmap: TimeMap):
-    """Word timings mapped through the span holding each word's middle (a word never straddles a gap)."""
+def _remap_words(words, tmap: TimeMap, first: int, last: int):
+    """Word timings mapped through the span holding each word's middle (a word never straddles a gap), one of the
+    spans ``first..last`` of its segment (an instant word on the segment's closing boundary stays inside it)."""
     mapped = []
     for w in words:
-        k = tmap.span_index((w.start + w.end) / 2)
+        k = min(max(tmap.span_index((w.start + w.end) / 2), first), last)
         mapped.append(dataclasses.replace(w, start=tmap.to_original(w.start, index=k),
                                           end=tmap.to_original(w.end, is_end=True, index=k)))
     return type(words)(mapped) if isinstance(words, tuple) else mapped
@@ -290,7 +291,7 @@ def remap_segment(seg: Segment, tmap: TimeMap) -> Segment:
     changes: dict = {"start": start, "end": end}
     words = seg.words
     if words:
-        changes["words"] = _remap_words(words, tmap)
+        changes["words"] = _remap_words(words, tmap, tmap.span_index(seg.start), tmap.span_index(seg.end, is_end=True))
     return dataclasses.replace(seg, **changes)
 
 

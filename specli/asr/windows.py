@@ -28,7 +28,7 @@ from specli.asr.fallback import (AR, Attempt, DecodeMethod, FallbackSteps, Windo
 from specli.asr.segments import RawSegment, completed_length, find_loop, split_window, trim_repetition, word_seek
 from specli.errors import UsageError
 from specli.models.speech import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, DecodingOptions, SpeechHooks,
-                                  SpeechModel, SpeechTarget, WindowPrompt, Word)
+                                  SpeechModel, SpeechTarget, WindowPrompt, WindowWords, Word)
 from specli.core.types import DecodeResult, DecodeStats, TargetState, accumulate
 
 
@@ -238,8 +238,7 @@ def transcribe_steps(
     :class:`DecodeRequest`, receives their answers, returns the :class:`FileResult`. Whoever answers
     (:func:`serve_one` at batch 1, :mod:`specli.asr.scheduler` over several files), the loop is this one."""
     hooks, dec = model.speech_hooks(), opts.decoding
-    if opts.word_timestamps and not hooks.word_timestamps:
-        raise UsageError(f"word timestamps need cross-attention alignment, which {type(model).__name__} has not")
+    check_word_timestamps(model, opts)
     reader, stats = WindowReader(chunks), FileStats()
     language, lang_prob = hooks.language(opts.language), None
     segments: list[Segment] = []
@@ -269,10 +268,8 @@ def transcribe_steps(
             on_decode(window.state, prompt, win, WindowSpan(seek * HOP_LENGTH, len(audio)))
         window_segs, advance, keep = _window_segments(model, opts, win, seek, window_frames, stats)
         if opts.word_timestamps and window_segs:  # on the final tokens: the same for every decode method
-            aligned = hooks.align_words(
-                window.state, window_segs, language=language, task=opts.task,
-                time_offset=seek * HOP_LENGTH / SAMPLE_RATE, num_frames=window_frames, last_speech=last_speech,
-                prepend_punctuations=opts.prepend_punctuations, append_punctuations=opts.append_punctuations)
+            aligned = window_words(model, opts, window, window_segs, language, seek * HOP_LENGTH / SAMPLE_RATE,
+                                   window_frames, last_speech)
             window_segs, last_speech = aligned.segments, aligned.last_speech
             advance = word_seek(win.result.tokens, hooks.timestamp_begin, seek, advance, aligned.last_word_end)
         segments += window_segs
@@ -289,6 +286,22 @@ def transcribe_steps(
 transcribe_stream = run_alone(transcribe_steps, "transcribe_stream", """\
 Transcribe 16 kHz mono chunks with ``decode`` (plain or speculative); ``on_window(seconds_done)``
 reports progress. Runs :func:`transcribe_steps` (same arguments), answering each request on its own.""")
+
+
+def check_word_timestamps(model: SpeechModel, opts: TranscribeOptions) -> None:
+    """Refuse (UsageError) word timestamps from a model without cross-attention alignment."""
+    if opts.word_timestamps and not model.speech_hooks().word_timestamps:
+        raise UsageError(f"word timestamps need cross-attention alignment, which {type(model).__name__} has not")
+
+
+def window_words(model: SpeechModel, opts: TranscribeOptions, window: Window, segments: list[Segment],
+                 language: str | None, offset: float, frames: int, last_speech: float) -> WindowWords:
+    """Word timings of ``segments``, decoded from ``window`` (its first ``frames`` mel frames real) at ``offset``
+    seconds, aligned on that window's own encoder output; ``last_speech``: where speech last ended before it."""
+    return model.speech_hooks().align_words(
+        window.state, segments, language=language, task=opts.task, time_offset=offset, num_frames=frames,
+        last_speech=last_speech, prepend_punctuations=opts.prepend_punctuations,
+        append_punctuations=opts.append_punctuations)
 
 
 def encode_window(model: SpeechModel, hooks: SpeechHooks, audio: np.ndarray, stats: FileStats) -> Generator:

@@ -22,7 +22,6 @@ from specli.commands.decoding_flags import DECODING_FLAGS, decoding_options
 from specli.core.threads import torch_threads
 from specli.commands.interrupt import report_interrupt
 from specli.models.languages import check_model_name, normalize_language
-from specli.asr.batched_longform import check_options
 from specli.asr.strategies import Engine, load_engine
 from specli.asr.windows import TranscribeOptions
 from specli.errors import AudioError
@@ -189,8 +188,6 @@ def _run(task: str, kw: dict) -> None:
         p = chosen
     language = normalize_language(kw["language"])
     opts = _transcribe_options(task, kw, language)
-    if p.longform == "batched":
-        check_options(opts)  # a usage error (exit 2) before any model loads
     found, bad = discover(_read_inputs(kw["inputs"]))
     items = plan_outputs(found, kw["output_dir"])
     formats = list(FORMATS) if kw["output_format"] == "all" else [kw["output_format"]]

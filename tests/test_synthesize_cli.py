@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from cosyvoice_fixtures import write_checkpoint
 from specli.cli import main
+from specli.tts.acoustic.pipeline import vocoder_dtype
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +173,16 @@ def test_bench_synthesis_audio_stages_on_the_shipped_voice(tmp_path):
     assert by["cosyvoice3-ar"]["speedup_llm"] == 1.0
     for run in report["runs"]:
         assert run["wall_seconds"] == pytest.approx(sum(run["stages"].values()))
-    assert report["audio_dtype"] == ["bfloat16"]
+    assert report["audio_dtype"] == report["vocoder_dtype"] == ["bfloat16"]
     assert "LLM-stage speedup" in (out / "report.md").read_text() and "in bfloat16" in (out / "report.md").read_text()
+    res = CliRunner().invoke(main, ["bench", str(texts), "--presets", "specli-en-ar", "--audio", "--threads", "1",
+                                    "--repeat", "1", "--no-warmup", "-q", "--out", str(tmp_path / "default")],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    report = json.loads((tmp_path / "default" / "report.json").read_text())
+    # no --audio-dtype: the stages compute as `synthesize` runs them (a float32 flow, HiFi-GAN's own default)
+    want = str(vocoder_dtype("auto", "hifigan", "cpu", 1)).removeprefix("torch.")
+    assert (report["audio_dtype"], report["vocoder_dtype"]) == (["float32"], [want])
     refused = CliRunner().invoke(main, ["bench", str(texts), "--presets", "whisper-base-ar", "--audio"])
     assert refused.exit_code == 2 and "synthesis presets" in refused.stderr
 

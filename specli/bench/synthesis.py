@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specli.bench.report import Run, SystemInfo, acceptance_stats, aggregate, speedups
-from specli.tts.acoustic.pipeline import AUDIO_DTYPES, AudioDtype, RenderError, Vocalizer, VoicePrompt, audio_dtype
+from specli.tts.acoustic.pipeline import (AUDIO_DTYPES, AudioDtype, RenderError, Vocalizer, VoicePrompt, audio_dtype,
+                                          stage_dtypes)
 from specli.tts.audio_out import vocoder_generator
 from specli.tts.synthesis import (PresetOverrides, SynthesisInputError, SynthesisRequest, Synthesizer,
                                   build_synthesizer)
@@ -43,12 +44,14 @@ class SynthesisBenchOptions:
     seed: int = 0  # run seed (each utterance's generator from (seed, id))
     model: str | None = None  # override every preset's model (a checkpoint directory)
     audio: bool = False  # also render each utterance to audio: per-stage real-time factors, end-to-end speedup
-    audio_dtype: AudioDtype = "float32"  # the flow's and vocoder's compute dtype (pipeline.audio_dtype)
+    # the flow's and vocoder's compute dtype (pipeline.audio_dtype); None: synthesize's default (stage_dtypes: a
+    # float32 flow, the vocoder's own default: bf16 HiFi-GAN at one thread of a native-bf16 CPU)
+    audio_dtype: AudioDtype | None = None
 
     def __post_init__(self) -> None:
         if not self.presets or self.repeat < 1:
             raise ValueError("give at least one preset and repeat >= 1")
-        if self.audio_dtype not in AUDIO_DTYPES:
+        if self.audio_dtype is not None and self.audio_dtype not in AUDIO_DTYPES:
             raise ValueError(f"audio dtype must be one of {', '.join(AUDIO_DTYPES)}")
 
 
@@ -78,8 +81,9 @@ def run_synthesis_bench(inputs: Sequence[str], opts: SynthesisBenchOptions,
         key = (opts.model or p.model, p.dtype)
         if key not in models:
             models[key] = load_cosyvoice(*key)
+    flow_dtype, vocoder = stage_dtypes(opts.audio_dtype, None)  # as synthesize picks them
     vocalizers = {key: Vocalizer.from_dir(m.path, m.spec.kind, m.lm.qwen.device,
-                                          dtype=audio_dtype(opts.audio_dtype, m.lm.qwen.device))
+                                          dtype=audio_dtype(flow_dtype, m.lm.qwen.device), vocoder=vocoder)
                   for key, m in models.items()} if opts.audio else {}
     runs: list[Run] = []
     for rep in range(-1 if opts.warmup else 0, opts.repeat):
@@ -94,6 +98,7 @@ def run_synthesis_bench(inputs: Sequence[str], opts: SynthesisBenchOptions,
     report = build_synthesis_report(presets, baseline, runs)
     if vocalizers:  # the stages' compute dtype (one per model: the same rule for every model)
         report["audio_dtype"] = sorted({str(v.dtype).removeprefix("torch.") for v in vocalizers.values()})
+        report["vocoder_dtype"] = sorted({str(v.vocoder_dtype).removeprefix("torch.") for v in vocalizers.values()})
     return report
 
 
@@ -217,6 +222,7 @@ def write_synthesis_report(report: dict, out: Path) -> list[Path]:
             cells += [_x(s.get("speedup_llm")),
                       " / ".join(_x(r.get(k), "{:.3f}") for k in ("llm", "flow", "vocoder", "total"))]
         rows.append("| " + " | ".join(cells) + f" | {e['identical']}/{e['compared']} {e['kind']} |")
-    note = f"Flow and vocoder in {', '.join(report['audio_dtype'])}.\n\n" if report.get("audio_dtype") else ""
+    note = (f"Flow in {', '.join(report['audio_dtype'])}, vocoder in {', '.join(report['vocoder_dtype'])}.\n\n"
+            if report.get("audio_dtype") else "")
     md.write_text("# specli bench: synthesis\n\n" + note + "\n".join(rows) + "\n")
     return [js, md]

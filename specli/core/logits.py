@@ -179,8 +179,12 @@ class Filtered:
         if rows.numel() == 0:
             return self.logprobs
         out = self.logprobs.clone()
-        out[rows] = torch.log_softmax(unit_temperature(self.logits.index_select(0, rows), self.params), -1)
+        out[rows] = self._recomputed(rows)
         return out
+
+    def _recomputed(self, rows: torch.Tensor) -> torch.Tensor:
+        """``log_softmax`` at temperature 1 of the filtered logits of ``rows [s]`` -> ``[s, vocab]``."""
+        return torch.log_softmax(unit_temperature(self.logits.index_select(0, rows), self.params), -1)
 
     def pick(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``logprobs[rows, tokens]`` ``[k]`` then (with stale rows possible) each row's stale flag ``[k]``, float64
@@ -197,7 +201,7 @@ class Filtered:
         if redo:
             fix = sorted({rows[i] for i in redo})
             at = host_to_device(fix, torch.long, self.logits.device)
-            exact = torch.log_softmax(unit_temperature(self.logits.index_select(0, at), self.params), -1)
+            exact = self._recomputed(at)
             got = exact[[fix.index(rows[i]) for i in redo], [tokens[i] for i in redo]].tolist()
             for i, v in zip(redo, got):
                 values[i] = v

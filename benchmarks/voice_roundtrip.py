@@ -158,14 +158,27 @@ def stage_rtf(records: list[dict]) -> dict[str, float]:
     return {k: round(sum(r["seconds"][k] for r in records) / audio, 4) for k in ("llm", "flow", "vocoder", "total")}
 
 
+LENGTHS = ((1, 6), (7, 10), (11, 15), (16, 10**6))  # sentence-length buckets (reference words) of the WER table
+
+
+def by_length(per_sentence: list[ErrorCounts]) -> dict[str, dict[str, float]]:
+    """WER per bucket of :data:`LENGTHS` (``"7-10"``, ``"16+"``) with the bucket's sentence count."""
+    table = {}
+    for lo, hi in LENGTHS:
+        picked = [c for c in per_sentence if lo <= c.words <= hi]
+        name = f"{lo}-{hi}" if hi < 10**6 else f"{lo}+"
+        total = sum(picked, ErrorCounts(0, 0, 0, 0))
+        table[name] = {"sentences": len(picked), "wer": round(total.wer, 4) if picked else None}
+    return table
+
+
 def report(args: argparse.Namespace, clips, texts: dict[str, dict[str, str]], extra: dict) -> dict:
-    refs = [text for _cid, text in clips]
     systems = {}
     for name, got in texts.items():
-        counts = sum((error_counts(ref, got.get(cid, ""), "en") for (cid, _t), ref in zip(clips, refs)),
-                     ErrorCounts(0, 0, 0, 0))
+        per_sentence = [error_counts(ref, got.get(cid, ""), "en") for cid, ref in clips]
+        counts = sum(per_sentence, ErrorCounts(0, 0, 0, 0))
         systems[name] = {"wer": round(counts.wer, 4), "cer": round(counts.cer, 4),
-                         "missing": sum(cid not in got for cid, _ in clips)}
+                         "missing": sum(cid not in got for cid, _ in clips), "by_length": by_length(per_sentence)}
     return {"voice": args.voice, "sentences": len(clips), "threads": args.threads, "seed": args.seed,
             "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
             "systems": systems, **extra,
@@ -174,12 +187,20 @@ def report(args: argparse.Namespace, clips, texts: dict[str, dict[str, str]], ex
 
 def write_markdown(rep: dict, path: Path) -> None:
     rows = "\n".join(f"| {n} | {s['wer'] * 100:.1f}% | {s['missing']} |" for n, s in rep["systems"].items())
+    buckets = list(next(iter(rep["systems"].values()))["by_length"])
+    sizes = next(iter(rep["systems"].values()))["by_length"]
+    length_rows = "\n".join(
+        f"| {n} | " + " | ".join("-" if s["by_length"][b]["wer"] is None else f"{s['by_length'][b]['wer'] * 100:.1f}%"
+                                 for b in buckets) + " |" for n, s in rep["systems"].items())
+    length_table = ("| system | " + " | ".join(f"{b} words ({sizes[b]['sentences']})" for b in buckets) + " |\n|---|"
+                    + "---|" * len(buckets) + "\n" + length_rows)
     rtf = rep.get("rtf", {})
     path.write_text(
         f"# specli-en round trip ({rep['sentences']} held-out sentences, whisper-base greedy)\n\n"
         f"Voice `{rep['voice']}`, {rep['threads']} threads, seed {rep['seed']}, torch {rep['torch']}.\n"
         f"Reproduce: `python benchmarks/voice_roundtrip.py --voice {rep['voice']} --corpus CORPUS "
         f"--sentences {rep['sentences']} --threads {rep['threads']}`.\n\n| system | WER | missing |\n|---|---|---|\n{rows}\n\n"
+        f"WER by sentence length (words; sentences in each bucket):\n\n{length_table}\n\n"
         f"specli real-time factor per stage (seconds per second of audio): "
         + ", ".join(f"{k} {v:.3f}" for k, v in rtf.items()) + "\n\n![mel](mel.png)\n", encoding="utf-8")
 

@@ -1,5 +1,5 @@
 """specli-en, the shipped voice, as a fresh install runs it: `specli synthesize --text "Hello there." -o out/` with
-no --model / --format writes a 22.05 kHz wav, and the voice speaking ten short held-out sentences (never trained
+no --model / --format writes a 22.05 kHz wav, and the voice speaking twenty held-out sentences (never trained
 on: their sha1s are in data/voice/sentences.sha1's held-out range), read back by the bundled whisper-base, stays
 within the README's stated word error rate. Greedy LM (the default preset) and float32 stages: deterministic."""
 
@@ -23,18 +23,31 @@ from specli.models.cosyvoice.lm import resolve_cosyvoice
 from specli.models.cosyvoice.voices import SHIPPED_VOICES, voices_root
 
 REPO = Path(__file__).resolve().parent.parent
-# The rule that picked them (not their scores): the first ten held-out sentences in sha1 order of 5-7 words made
-# only of letters, spaces, commas and full stops.
-SENTENCES = ("Political speeches are like steer horns.", "Well begun is half done.", "So she moved to Atlanta.",
-             "Driver does not carry cash.", "You have taken yourself too seriously.",
-             "God is real, unless declared integer.", "Children should be seen and not heard.",
-             "Every living thing wants to survive.", "Mouse clicks numb the fingers.",
-             "It was never like this for Mencken.")
-# The stated bound (README, "specli-en"): the voice of the eighteenth session (a one-step flow) measured 0.414 (24
-# errors in 58 words) on a Sapphire Rapids Xeon, the voice before it 0.483 (28); the bound, 0.5 (29 words), leaves
-# 5 words for another CPU's float rounding moving greedy picks (the LM's, whisper's); audio that does not speak
-# scores ~1.0.
-WER_BOUND = 0.5
+# The rule that picked them (not their scores): the first twenty held-out sentences in sha1 order of 5-15 words made
+# only of letters, spaces, commas, full stops and apostrophes (213 words; the ten 5-7-word sentences of the rule
+# before read the noisiest part of the length range: docs/benchmarks/voice/lm/).
+SENTENCES = ("It's not the valleys in life I dread so much as the dips.",
+             "Life is a healthy respect for mother nature laced with greed.",
+             "Having a wonderful wine, wish you were beer.", "I always wake up at the crack of ice.",
+             "I didn't have much money, so I had to get an irregular.",
+             "The face of the sun blackens and the skies have rained down soggy potato chips.",
+             "There has been a little distress selling on the stock exchange.",
+             "Perhaps, after all, America never has been discovered.",
+             "The herd instinct among economists makes sheep look like independent thinkers.",
+             "I'll pretend to trust you if you'll pretend to trust me.",
+             "The expectations are always high, and the results usually disappointing.",
+             "There but for the grace of God, goes God.",
+             "The future not being born, my friend, we will abstain from baptizing it.",
+             "Political speeches are like steer horns.", "All of the people in my building are insane.",
+             "Well begun is half done.", "If man is only a little lower than the angels, the angels should reform.",
+             "The dog has certain relationships to the wolf the shepherd may have forgotten.",
+             "The state law of Pennsylvania prohibits singing in the bathtub.",
+             "If I had only known, I would have been a locksmith.")
+# The stated bound (README, "specli-en"): the voice of the twentieth session (the LM fine-tuned on the whole corpus)
+# measured 0.343 (73 errors in 213 words) at 2 threads on a Sapphire Rapids Xeon and 0.376 (80) at 1 thread, the
+# voice before it 0.577 (123); the bound, 0.42 (89 words), leaves 16 words over the measurement for another CPU's
+# float rounding moving greedy picks (the LM's, whisper's); audio that does not speak scores ~1.0.
+WER_BOUND = 0.42
 
 
 def test_the_sentences_are_held_out() -> None:
@@ -59,7 +72,7 @@ def test_a_fresh_install_says_hello(tmp_path: Path) -> None:
     assert info.samplerate == 22050 and info.channels == 1 and 0.3 < info.duration < 5.0
 
 
-def test_ten_held_out_sentences_read_back_within_the_bound(tmp_path: Path) -> None:
+def test_twenty_held_out_sentences_read_back_within_the_bound(tmp_path: Path) -> None:
     lines = tmp_path / "lines.txt"
     lines.write_text("\n".join(SENTENCES) + "\n")
     out = tmp_path / "out"

@@ -8,6 +8,7 @@ draft-model code), and the n-gram pool."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,13 +27,19 @@ from specli.models.cosyvoice.lm import CosyVoiceModel, load_cosyvoice
 from specli.presets.synthesis import load_synthesis_preset, synthesis_preset_from_dict
 from specli.tts.synthesis import PresetOverrides, SynthesisRequest, build_synthesizer, prepare
 from test_speech_drafters import make_module
-from test_voice_roundtrip import SENTENCES
 
+# Ten short held-out sentences (never trained on: test_they_are_held_out; the rule that picked them: the
+# first held-out sentences in sha1 order of 5-7 words made only of letters, spaces, commas and full stops).
+SENTENCES = ("Political speeches are like steer horns.", "Well begun is half done.", "So she moved to Atlanta.",
+             "Driver does not carry cash.", "You have taken yourself too seriously.",
+             "God is real, unless declared integer.", "Children should be seen and not heard.",
+             "Every living thing wants to survive.", "Mouse clicks numb the fingers.",
+             "It was never like this for Mencken.")
 REQUESTS = [SynthesisRequest(f"s{i}", text) for i, text in enumerate(SENTENCES)]
 # The sampled-distribution check on the real voice: the number of decodes comes from the distortion it must
-# detect (TV DISTANCE from the exact first-token distribution, with probability POWER: tse.runs_for; 303 (ras) and
-# 349 (vllm) on this voice, whose first-token distributions have 10 and 15 tokens and a spread
-# sum_k sqrt(p_k (1 - p_k)) of 2.8 and 3.3); the broken-verifier power check keeps its POWER_RUNS.
+# detect (TV DISTANCE from the exact first-token distribution, with probability POWER: tse.runs_for; 305 (ras) and
+# 352 (vllm) on this voice's first sentence, whose first-token distributions have 10 and 15 tokens, the largest
+# 0.22 and 0.20; 303 and 349 with the LM before); the broken-verifier power check keeps its POWER_RUNS.
 DISTANCE, POWER, POWER_RUNS = 0.4, 0.99, 200
 
 
@@ -58,6 +65,12 @@ class ReplayDrafter(Drafter):
 
     def commit(self, tokens: list[int]) -> None:
         pass
+
+
+def test_they_are_held_out() -> None:
+    split = dict(line.split() for line in (Path(__file__).resolve().parent.parent / "data" / "voice" /
+                                           "sentences.sha1").read_text().splitlines())
+    assert all(split[hashlib.sha1(text.encode()).hexdigest()] == "heldout" for text in SENTENCES)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +170,7 @@ def test_the_shipped_drafter_keeps_the_sampled_distribution(voice: CosyVoiceMode
                                                             sampler: str) -> None:
     """Sampling through the shipped drafter's trees (sibling-wise rejection of point-mass nodes): the first speech
     token stays within the TV bound of the target's exact distribution (delta 1e-6). The decodes are as many as
-    detect a distortion of TV 0.4 with power 0.99 (tse.runs_for: 303 / 349, bound 0.23; the 600 before detected
+    detect a distortion of TV 0.4 with power 0.99 (tse.runs_for: 305 / 352, bound 0.23; the 600 before detected
     0.28 / 0.31). This test is the integration of the shipped drafter, the voice and its samplers, whose faults
     move the distribution grossly: a verifier that accepts every draft fails the bound at 200 decodes (power, as
     before). The verifier's subtler faults are the toy targets' (test_synthesis_exactness, test_speech_drafters:

@@ -71,6 +71,7 @@ def test_the_corpus_stage_keeps_the_piper_voice_apart_from_the_voice_in_training
     args = build.parser("corpus").parse_args(["corpus", "--piper-voice", str(tmp_path / "joe.onnx"), "--limit", "2"])
     assert args.piper_voice == tmp_path / "joe.onnx" and args.voice == ROOT / "specli" / "voices" / "specli-en"
     assert (args.hours, args.heldout, args.limit, args.text_only) == (None, 300, 2, False)  # None: the whole pool
+    assert args.wordnet == Path("/usr/share/wordnet") and not args.fortunes_only  # WordNet's examples follow
 
 
 def test_the_flow_and_lm_stages_get_the_recipe_and_their_paths(tmp_path: Path) -> None:
@@ -147,7 +148,7 @@ def test_text_only_corpus_writes_sentences_and_their_text_tokens_and_resumes(tmp
 
     fortunes, words = _fortunes(tmp_path, SENTENCES)
     argv = ["corpus", "--work", str(tmp_path / "w"), "--text-only", "--fortunes", str(fortunes),
-            "--wordlist", str(words)]
+            "--wordlist", str(words), "--fortunes-only"]
     assert _run(argv) == 0
     out = tmp_path / "w" / "text"
     rows = {s: [json.loads(x) for x in (out / f"{s}.jsonl").read_text().splitlines()] for s in ("train", "heldout")}
@@ -165,6 +166,43 @@ def test_text_only_corpus_writes_sentences_and_their_text_tokens_and_resumes(tmp
     _fortunes(tmp_path, [*SENTENCES, "The old clock struck nine at night."])
     assert _run(argv) == 0  # other sentences: rebuilt
     assert sum(len((out / f"{s}.jsonl").read_text().splitlines()) for s in ("train", "heldout")) == 7
+
+
+def _wordnet(root: Path, examples: list[str]) -> Path:
+    """WordNet's data files as Debian's wordnet-base lays them out: licence lines indented by two spaces, then one
+    synset a line, its gloss after " | " (a definition, then quoted usage examples separated by "; ")."""
+    root.mkdir()
+    header = "  1 This software and database is being provided to you, the LICENSEE, by  \n"
+    lines = [f"{i:08d} 03 n 01 thing 0 000 | a definition; {chr(34)}{ex}{chr(34)}  \n" for i, ex in enumerate(examples)]
+    (root / "data.noun").write_text(header + "".join(lines))
+    for name in ("data.verb", "data.adj", "data.adv"):
+        (root / name).write_text(header + "00000001 00 v 01 be 0 000 | have the quality of being  \n")
+    return root
+
+
+def test_wordnet_examples_follow_the_fortunes_and_never_enter_the_held_out_set(tmp_path: Path) -> None:
+    from scripts.voice.corpus import piper, texts
+
+    in_range = "The cook rode up the hill."  # sha1 fe28...: inside the fixed held-out range
+    extra = ["the farmer sold his cow", "A clean shirt", "Rain fell on the quiet town;", "Wir gehen nach Hause",
+             "the 3 boats", in_range.lower()[:-1]]
+    fortunes, words = _fortunes(tmp_path, SENTENCES)
+    words.write_text(words.read_text() + "farmer\nsold\nhis\ncow\nclean\nshirt\ncook\nrode\nup\nhill\nboats\n")
+    wordnet = _wordnet(tmp_path / "wordnet", extra)
+    alone = piper.pool(fortunes, words, 300, None)
+    sel = piper.pool(fortunes, words, 300, wordnet)
+    assert sel.heldout == alone.heldout and sel.train_pool[: len(alone.train_pool)] == alone.train_pool
+    added = [text for _sha, text in sel.train_pool[len(alone.train_pool):]]
+    # Capitalised and ended with a full stop; a fortune's duplicate ("Rain fell ..."), German, a digit and the
+    # held-out range's sentence are left out.
+    assert sorted(added) == ["A clean shirt.", "The farmer sold his cow."] and sel.extra == 2
+    assert [r[0] for r in sel.train_pool[len(alone.train_pool):]] == sorted(r[0] for r in sel.train_pool[len(
+        alone.train_pool):])  # sha1 order
+    source = texts.Source(fortunes, words, 300, wordnet)
+    assert [t for _i, t in texts.sentences("train", source)] == [t for _s, t in sel.train_pool]
+    (wordnet / "data.adv").unlink()
+    with pytest.raises(SystemExit, match="data.adv missing .* apt-get install -y wordnet-base"):
+        piper.pool(fortunes, words, 300, wordnet)
 
 
 def test_text_tokenizer_stage_trains_once_then_skips(tmp_path: Path, capsys) -> None:

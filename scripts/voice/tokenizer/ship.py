@@ -208,8 +208,8 @@ def write_readme(out: Path, kept: list[D.Clip], hours: dict, sha: str, onnx_path
     rtf = f"  Tokenisation RTF {stats['rtf']:.4f} on one core." if stats.get("rtf") else ""
     text = f"""# Speech tokens of the voice corpus
 
-`tokens.npz`: the speech tokens of every clip of the piper/joe fortunes corpus
-(scripts/voice/corpus/piper.py; {splits['train']} train clips = {hours['train']:.2f} h, {splits['heldout']}
+`tokens.npz`: the speech tokens of every clip of the piper/joe corpus (fortunes, then WordNet's usage
+examples; scripts/voice/corpus/piper.py; {splits['train']} train clips = {hours['train']:.2f} h, {splits['heldout']}
 held-out clips = {hours['heldout']:.2f} h{'' if complete else '; PARTIAL build'}), made by
 `python -m scripts.voice tokens` running `{onnx_path.name}` (sha256 `{sha}`) with onnxruntime on
 each clip's whole-clip Whisper 128-bin log-mel: the 22.05 kHz wav zero-padded to a multiple of 1024

@@ -187,8 +187,8 @@ def report(args: argparse.Namespace, clips, texts: dict[str, dict[str, str]], ex
 
 def write_markdown(rep: dict, path: Path) -> None:
     rows = "\n".join(f"| {n} | {s['wer'] * 100:.1f}% | {s['missing']} |" for n, s in rep["systems"].items())
-    buckets = list(next(iter(rep["systems"].values()))["by_length"])
-    sizes = next(iter(rep["systems"].values()))["by_length"]
+    sizes = next(iter(rep["systems"].values()))["by_length"]  # every system has the same buckets
+    buckets = list(sizes)
     length_rows = "\n".join(
         f"| {n} | " + " | ".join("-" if s["by_length"][b]["wer"] is None else f"{s['by_length'][b]['wer'] * 100:.1f}%"
                                  for b in buckets) + " |" for n, s in rep["systems"].items())

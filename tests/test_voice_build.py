@@ -173,7 +173,7 @@ def _wordnet(root: Path, examples: list[str]) -> Path:
     synset a line, its gloss after " | " (a definition, then quoted usage examples separated by "; ")."""
     root.mkdir()
     header = "  1 This software and database is being provided to you, the LICENSEE, by  \n"
-    lines = [f"{i:08d} 03 n 01 thing 0 000 | a definition; {chr(34)}{ex}{chr(34)}  \n" for i, ex in enumerate(examples)]
+    lines = [f'{i:08d} 03 n 01 thing 0 000 | a definition; "{ex}"  \n' for i, ex in enumerate(examples)]
     (root / "data.noun").write_text(header + "".join(lines))
     for name in ("data.verb", "data.adj", "data.adv"):
         (root / name).write_text(header + "00000001 00 v 01 be 0 000 | have the quality of being  \n")

@@ -72,7 +72,7 @@ import sys
 import tempfile
 import time
 import wave
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,18 +237,29 @@ def mostly_english(s: str, words: frozenset[str]) -> bool:
 
 def collect_sentences(fortune_dir: Path, wordlist: Path = WORDLIST) -> dict[str, str]:
     """All usable sentences, keyed by sha1; case-insensitive duplicates merged."""
-    words = load_wordlist(wordlist)
-    by_key: dict[str, str] = {}
+    return usable(fortune_candidates(fortune_dir), load_wordlist(wordlist))
+
+
+def fortune_candidates(fortune_dir: Path) -> Iterator[str]:
+    """Every sentence of every cleaned entry of the fortune files, unchecked."""
     for path in fortune_files(fortune_dir):
         for entry in read_entries(path):
             prose = clean_entry(entry)
-            for raw in split_sentences(prose) if prose else []:
-                s = normalise(raw)
-                if s is None or not mostly_english(s, words):
-                    continue
-                key = s.lower()
-                if key not in by_key or s < by_key[key]:
-                    by_key[key] = s  # keep the same variant whatever the order
+            if prose:
+                yield from split_sentences(prose)
+
+
+def usable(candidates: Iterable[str], words: frozenset[str]) -> dict[str, str]:
+    """The candidates that :func:`normalise` keeps and :func:`mostly_english` accepts, keyed by sha1;
+    case-insensitive duplicates merged (the smallest variant kept, whatever the order)."""
+    by_key: dict[str, str] = {}
+    for raw in candidates:
+        s = normalise(raw)
+        if s is None or not mostly_english(s, words):
+            continue
+        key = s.lower()
+        if key not in by_key or s < by_key[key]:
+            by_key[key] = s
     return {sha1(s): s for s in by_key.values()}
 
 

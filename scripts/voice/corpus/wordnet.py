@@ -49,15 +49,6 @@ def examples(wordnet_dir: Path) -> list[str]:
 
 
 def collect_examples(wordnet_dir: Path, wordlist: Path = piper.WORDLIST) -> dict[str, str]:
-    """The usable examples keyed by sha1; case-insensitive duplicates merged (the smallest variant kept)."""
-    words = piper.load_wordlist(wordlist)
-    by_key: dict[str, str] = {}
-    for raw in examples(wordnet_dir):
-        s = as_sentence(raw)
-        s = piper.normalise(s) if s else None
-        if s is None or not piper.mostly_english(s, words):
-            continue
-        key = s.lower()
-        if key not in by_key or s < by_key[key]:
-            by_key[key] = s
-    return {piper.sha1(s): s for s in by_key.values()}
+    """The usable examples keyed by sha1 (the fortunes' checks and merging: ``piper.usable``)."""
+    candidates = (s for s in map(as_sentence, examples(wordnet_dir)) if s)
+    return piper.usable(candidates, piper.load_wordlist(wordlist))

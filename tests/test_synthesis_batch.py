@@ -192,6 +192,30 @@ def test_cli_batch_size_writes_the_batch_1_outputs_in_input_order(tmp_path):
     assert np.load(tmp_path / "three" / "lines_00002.npy").tolist() == [1, 2, 3]
 
 
+def test_ctrl_c_reports_a_batched_row_written_before_an_earlier_one(tmp_path, monkeypatch):
+    """Batched rows finish out of order: a short line written while an earlier, longer one still runs is reported
+    (its JSONL record) when Ctrl-C stops the run, and its output is whole."""
+    import specli.tts.pipeline as pipeline
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", "cosyvoice2", seed=3)
+    lines = tmp_path / "lines.txt"
+    lines.write_text("ok then\nhi\n", encoding="utf-8")  # ~140 then ~40 speech tokens: line 2 finishes first
+    write = pipeline.write_atomic_with
+
+    def ctrl_c_on_line_1(path, fill):
+        if path.name.startswith("lines_00001"):
+            raise KeyboardInterrupt
+        write(path, fill)
+
+    monkeypatch.setattr(pipeline, "write_atomic_with", ctrl_c_on_line_1)
+    res = _cli(lines, "--model", ckpt, "--preset", "cosyvoice2-ar", "--sampler", "greedy", "--jsonl", "-",
+               "-o", tmp_path / "out", "--batch-size", "2")
+    assert res.exit_code == 130
+    assert [json.loads(x)["id"] for x in res.stdout.splitlines()] == ["lines_00002"]
+    assert len(np.load(tmp_path / "out" / "lines_00002.npy")) > 0
+    assert not (tmp_path / "out" / "lines_00001.npy").exists()
+
+
 @pytest.mark.parametrize(("preset", "sampler"), [("cosyvoice2-ar", "ras"), ("cosyvoice2-pool", "ras")])
 def test_the_near_tie_check_rejects_a_real_difference(model, reference, preset, sampler):
     synth = _synth(model, preset, sampler)

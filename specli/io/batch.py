@@ -65,18 +65,17 @@ class InOrder(Generic[O]):
         return ready
 
 
-def in_input_order(outcomes: Iterable[tuple[int, O]], flush_on_interrupt: bool = True) -> Iterator[O]:
+def in_input_order(outcomes: Iterable[tuple[int, O]]) -> Iterator[O]:
     """``(input position, outcome)`` pairs in completion order, yielded in input order.
 
-    On Ctrl-C (KeyboardInterrupt) the outcomes held back are yielded too (input order, gaps allowed) when
-    ``flush_on_interrupt``: what finished is written, so it is reported before the interrupt goes on."""
+    On Ctrl-C (KeyboardInterrupt) the outcomes held back are yielded too (input order, gaps allowed): what
+    finished is written, so it is reported before the interrupt goes on."""
     order: InOrder[O] = InOrder()
     try:
         for k, out in outcomes:
             yield from order.settle(k, out)
     except KeyboardInterrupt:
-        if flush_on_interrupt:
-            yield from order.waiting()
+        yield from order.waiting()
         raise
 
 

@@ -324,10 +324,10 @@ def run_items(items: list[SpeechItem], resume: Resume, target: Target,
 def report_in_order(synth: Synthesizer, pairs: Pairs, on_outcome: Callable[[Outcome], None] | None
                     ) -> list[Outcome]:
     """The outcomes of ``pairs``, each released to ``on_outcome`` in input order as soon as all earlier ones are
-    known (batched rows finish out of order; on Ctrl-C those held back are not reported); then the synthesizer's
-    run ends (:meth:`Synthesizer.finish`)."""
+    known (batched rows finish out of order; on Ctrl-C those held back, already written, are reported before the
+    interrupt goes on); then the synthesizer's run ends (:meth:`Synthesizer.finish`)."""
     outcomes = []
-    for out in in_input_order(pairs, flush_on_interrupt=False):
+    for out in in_input_order(pairs):
         outcomes.append(out)
         if on_outcome is not None:
             on_outcome(out)

@@ -14,8 +14,9 @@ from conftest import EN_CLIPS, write_long_english
 from specli.asr.batched_longform import (BATCHED_VAD, CHUNK_SECONDS, pack_spans, speech_chunks,
                                          transcribe_long_audio)
 from specli.asr.pipeline import transcribe
-from specli.asr.windows import TranscribeOptions
+from specli.asr.windows import FileStats, TranscribeOptions
 from specli.cli import main
+from specli.core.types import DecodeStats
 from specli.errors import PresetError
 from specli.io.audio import SAMPLE_RATE, load_audio
 from specli.presets import DEFAULT_PRESET, available_presets, load_preset
@@ -65,12 +66,22 @@ def test_batched_rows_equal_the_chunks_decoded_one_at_a_time(long_file, whisper_
     audio = load_audio(path)
     _tmap, chunks = speech_chunks(audio, BATCHED_VAD)
     assert len(chunks) >= 3 and all(c.audio.size <= CHUNK_SECONDS * SAMPLE_RATE for c in chunks)
-    opts = TranscribeOptions(language="en")
+    opts = TranscribeOptions(language="en", word_timestamps=True)
     one = transcribe_long_audio(model, [audio], opts, batch_size=1)
     two = transcribe_long_audio(model, [audio], opts, batch_size=2)  # the third chunk joins as a row frees
     assert [(s.start, s.end, s.tokens) for s in two.segments] == [(s.start, s.end, s.tokens) for s in one.segments]
+    assert [s.words for s in two.segments] == [s.words for s in one.segments] and one.segments[0].words
     assert one.segments and two.stats.windows == one.stats.windows == len(chunks)
     assert two.stats.decode.tokens == one.stats.decode.tokens
+
+
+def test_a_files_work_is_its_parts_summed():
+    """Every counter and time of a chunk's stats reaches the file's; the audio length stays the file's own."""
+    whole = FileStats(audio_seconds=90.0, windows=1, encode_seconds=0.5, decode=DecodeStats(tokens=3))
+    whole.add(FileStats(audio_seconds=30.0, windows=2, encode_seconds=0.25, skipped_windows=1, trimmed_windows=1,
+                        fallback_windows=1, decode=DecodeStats(tokens=4, target_forwards=5)))
+    assert whole == FileStats(audio_seconds=90.0, windows=3, encode_seconds=0.75, skipped_windows=1,
+                              trimmed_windows=1, fallback_windows=1, decode=DecodeStats(tokens=7, target_forwards=5))
 
 
 def test_language_is_detected_once_on_the_first_chunk(long_file, whisper_models):

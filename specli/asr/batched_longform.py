@@ -150,10 +150,7 @@ class _File:
         stats, segments = self.stats, []
         for part in parts:
             segments += [remap_segment(s, self.tmap) for s in part.segments]
-            stats.windows += part.stats.windows
-            stats.encode_seconds += part.stats.encode_seconds
-            stats.trimmed_windows += part.stats.trimmed_windows
-            accumulate(stats.decode, part.stats.decode)
+            stats.add(part.stats)
         stats.audio_seconds = self.seconds
         return FileResult(self.language, self.language_probability, segments, stats)
 

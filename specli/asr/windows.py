@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Concatenate, Literal, ParamSpec
 
 import numpy as np
@@ -98,6 +98,15 @@ class FileStats:
     trimmed_windows: int = 0  # windows cut by the repetition guard
     fallback_windows: int = 0  # windows whose greedy decode failed (retried hotter, or skipped as silence)
     decode: DecodeStats = field(default_factory=DecodeStats)  # every decode run, fallbacks included
+
+    def add(self, other: FileStats) -> None:
+        """Add the work of ``other`` (a part of this file: every counter and time, its decode stats);
+        ``audio_seconds`` stays this file's own."""
+        for f in fields(self):
+            if f.name == "decode":
+                accumulate(self.decode, other.decode)
+            elif f.name != "audio_seconds":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 @dataclass(frozen=True)

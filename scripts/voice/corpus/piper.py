@@ -235,11 +235,6 @@ def mostly_english(s: str, words: frozenset[str]) -> bool:
     return len(unknown) < MAX_UNKNOWN_WORDS * len(tokens)
 
 
-def collect_sentences(fortune_dir: Path, wordlist: Path = WORDLIST) -> dict[str, str]:
-    """All usable sentences, keyed by sha1; case-insensitive duplicates merged."""
-    return usable(fortune_candidates(fortune_dir), load_wordlist(wordlist))
-
-
 def fortune_candidates(fortune_dir: Path) -> Iterator[str]:
     """Every sentence of every cleaned entry of the fortune files, unchecked."""
     for path in fortune_files(fortune_dir):
@@ -297,8 +292,9 @@ def pool(fortunes: Path, wordlist: Path, heldout_size: int, wordnet: Path | None
     directory; None: fortunes only), WordNet's usage examples (corpus/wordnet.py)."""
     from .wordnet import collect_examples  # it builds on this module's checks
 
-    extra = collect_examples(wordnet, wordlist) if wordnet is not None else None
-    return select(collect_sentences(fortunes, wordlist), heldout_size, extra)
+    words = load_wordlist(wordlist)
+    extra = collect_examples(wordnet, words) if wordnet is not None else None
+    return select(usable(fortune_candidates(fortunes), words), heldout_size, extra)
 
 
 # -------------------------------------------------------------------------- piper

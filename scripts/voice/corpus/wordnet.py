@@ -48,7 +48,8 @@ def examples(wordnet_dir: Path) -> list[str]:
     return out
 
 
-def collect_examples(wordnet_dir: Path, wordlist: Path = piper.WORDLIST) -> dict[str, str]:
-    """The usable examples keyed by sha1 (the fortunes' checks and merging: ``piper.usable``)."""
+def collect_examples(wordnet_dir: Path, words: frozenset[str]) -> dict[str, str]:
+    """The usable examples keyed by sha1 (the fortunes' checks and merging against the word list ``words``:
+    ``piper.usable``)."""
     candidates = (s for s in map(as_sentence, examples(wordnet_dir)) if s)
-    return piper.usable(candidates, piper.load_wordlist(wordlist))
+    return piper.usable(candidates, words)

@@ -31,14 +31,20 @@ import torch
 
 from specli.io.atomic import write_atomic, write_atomic_with
 from specli.models.cosyvoice.layout import SpeechLMSpec
+from specli.models.cosyvoice.lexicon import LEXICON
 from specli.models.cosyvoice.lm import load_cosyvoice
 from specli.tts.acoustic.pipeline import Vocalizer
 
 from .common import log
 from .flow import flow_config
+from .lexicon import NOTICE
 from .lm import LMShape, VoiceLM, build_sequences, qwen_config
 from .paths import BLANK
 
+# a voice whose text tokenizer has a lexicon reads ~1.4 speech tokens a text token (phonemes; 1.04 the fewest in the
+# corpus), against upstream's minimum of 2 (byte-level BPE: ~3.2)
+PHONEME_RATIOS = ("min_token_text_ratio: 0.75  # specli's key: text is written as phonemes "
+                  "(CosyVoice-BlankEN/lexicon.txt.gz)\n")
 YAML = """\
 # specli-en: a small English voice trained by specli (README: data, steps, licences). CosyVoice3's layout:
 # upstream's keys where they exist; specli's own keys: silent_tokens, speaker_encoder, speech_tokenizer_mels.
@@ -53,7 +59,7 @@ chunk_size: 25
 silent_tokens: []  # this voice's codebook has no designated silence codes
 speaker_encoder: false  # one speaker, no campplus.onnx: the flow's x-vector is zeros
 speech_tokenizer_mels: 128
-
+{ratios}
 llm: !new:cosyvoice.llm.llm.CosyVoice3LM
     llm_input_size: !ref <llm_input_size>
     llm_output_size: !ref <llm_output_size>
@@ -137,6 +143,11 @@ def write_lm(lm: dict, blank: Path, out: Path) -> VoiceLM:
     (out / BLANK).mkdir(parents=True, exist_ok=True)
     for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
         shutil.copyfile(blank / name, out / BLANK / name)
+    for name in (LEXICON, NOTICE):  # a voice that reads known words as phonemes; else none left from before
+        if (blank / name).is_file():
+            shutil.copyfile(blank / name, out / BLANK / name)
+        else:
+            (out / BLANK / name).unlink(missing_ok=True)
     cfg = qcfg.to_dict()
     cfg["architectures"] = ["Qwen2ForCausalLM"]
     write_atomic(out / BLANK / "config.json", json.dumps(cfg, indent=1, sort_keys=True))
@@ -232,7 +243,8 @@ def assemble(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out / "cosyvoice3.yaml", with_cfm_keys(YAML.format(
         hidden=lm["shape"]["hidden"], codebook=lm["codebook"], lookahead=flow["config"]["lookahead_channels"],
-        dim=dit["dim"], depth=dit["depth"], heads=dit["heads"]), args.flow_steps, args.cfg_rate))
+        dim=dit["dim"], depth=dit["depth"], heads=dit["heads"], ratios=PHONEME_RATIOS * (args.blank / LEXICON).is_file()),
+        args.flow_steps, args.cfg_rate))
     module = write_lm(lm, args.blank, args.out)
     cfg = flow_config(lm["codebook"], dit["dim"], dit["depth"], dit["heads"], flow["config"]["lookahead_channels"])
     assert cfg.dit.static_chunk_size == dit["static_chunk_size"]

@@ -150,6 +150,24 @@ def _text_tokenizer_done(lay: Layout) -> bool:
     return (lay.blank / "vocab.json").is_file()
 
 
+def _lexicon_args(ap: argparse.ArgumentParser) -> None:
+    from . import lexicon
+
+    lexicon.add_arguments(ap)
+
+
+def _lexicon(lay: Layout, args: argparse.Namespace) -> None:
+    from . import lexicon
+
+    lexicon.build(lay.blank, args.out or lay.blank)
+
+
+def text_tokenizer_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--text-tokenizer", type=Path, default=None,
+                    help="the text tokenizer directory (default: data/voice/blank; a `lexicon --out DIR` directory "
+                         "makes a voice that reads known words as phonemes)")
+
+
 # --------------------------------------------------------------------------------------------- training
 
 
@@ -181,6 +199,7 @@ def _lm_args(ap: argparse.ArgumentParser) -> None:
     from . import lm
 
     _run_args(ap, "lm", "llm.pt")
+    text_tokenizer_arg(ap)
     lm.add_arguments(ap)
 
 
@@ -188,7 +207,7 @@ def _lm(lay: Layout, args: argparse.Namespace) -> None:
     from . import lm
 
     training_args(lay, args, "llm.pt", lm.FROM_SCRATCH, lm.FINE_TUNE)
-    args.blank = lay.blank
+    args.blank = args.text_tokenizer or lay.blank
     lm.train(args)
 
 
@@ -219,6 +238,7 @@ def _assemble_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, help="the model directory to write (default: the voice)")
     ap.add_argument("--flow-steps", type=int, help="the flow's default Euler steps, in the yaml (absent: 10)")
     ap.add_argument("--cfg-rate", type=float, help="the flow's guidance weight, in the yaml (official: 0.7)")
+    text_tokenizer_arg(ap)
 
 
 def assemble_plan(lay: Layout, args: argparse.Namespace) -> argparse.Namespace:
@@ -229,7 +249,7 @@ def assemble_plan(lay: Layout, args: argparse.Namespace) -> argparse.Namespace:
                               corpus=lay.data, tokens=lay.tokens, flow=flow if flow.is_file() else None,
                               lm=None, blank=None, onnx=None, source=None)
     if lm.is_file():
-        plan.lm, plan.blank, plan.onnx = lm, lay.blank, lay.onnx
+        plan.lm, plan.blank, plan.onnx = lm, args.text_tokenizer or lay.blank, lay.onnx
     else:
         plan.source = lay.voice
     return plan
@@ -287,6 +307,8 @@ STAGES = [
           _tokens_done),
     Stage("text-tokenizer", "the byte-level BPE -> data/voice/blank (committed)", _text_tokenizer_args,
           _text_tokenizer, _text_tokenizer_done),
+    Stage("lexicon", "the CMU pronouncing lexicon beside the text tokenizer (--out DIR: a copy with it)",
+          _lexicon_args, _lexicon, lambda lay: (lay.blank / "lexicon.txt.gz").is_file()),
     Stage("lm", "the speech-token LM (<work>/train/lm)", _lm_args, _lm, lambda lay: _trained(lay.run("lm"))),
     Stage("flow", "the DiT flow (<work>/train/flow)", _flow_args, _flow, lambda lay: _trained(lay.run("flow"))),
     Stage("assemble", "the model directory, checked through specli's loaders", _assemble_args, _assemble, _never),

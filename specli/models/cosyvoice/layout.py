@@ -63,8 +63,10 @@ class SpeechLMSpec:
 
     kind: ModelKind  # cosyvoice2 (Qwen2LM) or cosyvoice3 (CosyVoice3LM)
     speech_token_size: int = 6561  # S: speech codes 0..S-1 (3^8 FSQ)
-    min_token_text_ratio: float = 2.0  # min generated tokens per text token
-    max_token_text_ratio: float = 20.0  # max generated tokens per text token
+    # generated tokens per text token, at least / at most: upstream's inference defaults; a voice's yaml may set its
+    # own (specli's keys ``min_token_text_ratio`` / ``max_token_text_ratio``: a voice that reads phonemes has ~1.4)
+    min_token_text_ratio: float = 2.0
+    max_token_text_ratio: float = 20.0
     ras: RasSettings = RasSettings()  # the yaml's default sampler
 
     def __post_init__(self) -> None:
@@ -72,6 +74,9 @@ class SpeechLMSpec:
             raise ValueError(f"unknown CosyVoice LM kind {self.kind!r}")
         if self.speech_token_size < 1:
             raise ValueError("speech_token_size must be >= 1")
+        if not 0 <= self.min_token_text_ratio <= self.max_token_text_ratio or self.max_token_text_ratio <= 0:
+            raise ValueError(f"token/text ratios must satisfy 0 <= min <= max, max > 0: got "
+                             f"{self.min_token_text_ratio}, {self.max_token_text_ratio}")
 
     @property
     def speech_rows(self) -> int:

@@ -126,7 +126,8 @@ class CosyVoiceModel:
 
 
 def read_spec(yaml_path: Path) -> SpeechLMSpec:
-    """The LM kind, speech vocabulary and RAS settings from ``cosyvoice{2,3}.yaml`` (nothing is run)."""
+    """The LM kind, speech vocabulary, RAS settings and (specli's own keys) token/text length ratios from
+    ``cosyvoice{2,3}.yaml`` (nothing is run)."""
     try:
         cfg = read_hyperpyyaml(yaml_path)
     except (OSError, ValueError) as exc:
@@ -144,7 +145,8 @@ def read_spec(yaml_path: Path) -> SpeechLMSpec:
         if is_ras and isinstance(sampling.value, dict):
             known = {k: sampling.value[k] for k in ("top_p", "top_k", "win_size", "tau_r") if k in sampling.value}
             ras = RasSettings(**known)
-        return SpeechLMSpec(kind, int(llm.get("speech_token_size", 6561)), ras=ras)
+        ratios = {k: float(cfg[k]) for k in ("min_token_text_ratio", "max_token_text_ratio") if k in cfg}
+        return SpeechLMSpec(kind, int(llm.get("speech_token_size", 6561)), ras=ras, **ratios)
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"{yaml_path}: unusable llm settings: {exc}") from exc
 

@@ -201,7 +201,7 @@ def train(args: argparse.Namespace) -> None:
             update(model, opt, loss, lr_at(step, args.lr, args.warmup, args.steps))
             step, seen = step + 1, seen + 1
             if step % args.log_every == 0:
-                log(f"step {step}: loss {float(loss):.4f} lr {lr_at(step, args.lr, args.warmup, args.steps):.2e} "
+                log(f"step {step}: loss {loss.item():.4f} lr {lr_at(step, args.lr, args.warmup, args.steps):.2e} "
                     f"{(time.perf_counter() - t0) / seen:.2f} s/step")
             if step % args.val_every == 0 or step == args.steps:
                 val = held_out_loss(model, val_seqs, args.batch_tokens, bf16)

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))  # the repository: scripts.voice
 from scripts.voice import build  # noqa: E402
 from scripts.voice.paths import COMMITTED, ENV, Layout, work_dir  # noqa: E402
 
-STAGES = ["corpus", "tokenizer", "tokens", "text-tokenizer", "lm", "flow", "assemble", "drafters", "roundtrip"]
+STAGES = ["corpus", "tokenizer", "tokens", "text-tokenizer", "lexicon", "lm", "flow", "assemble", "drafters", "roundtrip"]
 QUIET = ["--nice", "0"]  # a test never lowers its own process's priority
 
 
@@ -34,7 +34,7 @@ def test_the_entry_point_lists_its_stages_in_build_order(capsys, monkeypatch, tm
     assert build.main(["list", "--work", str(tmp_path)]) == 0
     state = {line.split()[1]: line.split()[0] for line in capsys.readouterr().out.splitlines() if len(line) > 9}
     assert state["corpus"] == "pending" and state["flow"] == "done" and state["lm"] == "pending"
-    assert state["text-tokenizer"] == "done"  # data/voice/blank is committed
+    assert state["text-tokenizer"] == state["lexicon"] == "done"  # data/voice/blank is committed, with its lexicon
     assert state["assemble"] == "reruns"
 
 
@@ -120,6 +120,8 @@ def test_assemble_takes_the_whole_voice_only_when_an_lm_was_trained(tmp_path: Pa
     plan = build.assemble_plan(lay, args)
     assert (plan.source, plan.lm, plan.flow) == (None, lay.run("lm") / "best.pt", lay.run("flow") / "best.pt")
     assert (plan.blank, plan.onnx, plan.flow_steps, plan.cfg_rate) == (lay.blank, lay.onnx, 1, 0.0)
+    args = build.parser("assemble").parse_args(["assemble", "--text-tokenizer", str(tmp_path / "blank-cmu")])
+    assert build.assemble_plan(lay, args).blank == tmp_path / "blank-cmu"
 
 
 def test_all_leaves_out_the_stages_done(tmp_path: Path) -> None:

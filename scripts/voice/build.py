@@ -162,6 +162,12 @@ def _lexicon(lay: Layout, args: argparse.Namespace) -> None:
     lexicon.build(lay.blank, args.out or lay.blank)
 
 
+def _lexicon_done(lay: Layout) -> bool:
+    from specli.models.cosyvoice.lexicon import LEXICON
+
+    return (lay.blank / LEXICON).is_file()
+
+
 def text_tokenizer_arg(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--text-tokenizer", type=Path, default=None,
                     help="the text tokenizer directory (default: data/voice/blank; a `lexicon --out DIR` directory "
@@ -308,7 +314,7 @@ STAGES = [
     Stage("text-tokenizer", "the byte-level BPE -> data/voice/blank (committed)", _text_tokenizer_args,
           _text_tokenizer, _text_tokenizer_done),
     Stage("lexicon", "the CMU pronouncing lexicon beside the text tokenizer (--out DIR: a copy with it)",
-          _lexicon_args, _lexicon, lambda lay: (lay.blank / "lexicon.txt.gz").is_file()),
+          _lexicon_args, _lexicon, _lexicon_done),
     Stage("lm", "the speech-token LM (<work>/train/lm)", _lm_args, _lm, lambda lay: _trained(lay.run("lm"))),
     Stage("flow", "the DiT flow (<work>/train/flow)", _flow_args, _flow, lambda lay: _trained(lay.run("flow"))),
     Stage("assemble", "the model directory, checked through specli's loaders", _assemble_args, _assemble, _never),

@@ -46,13 +46,11 @@ class Lexicon:
         try:
             with gzip.open(path, "rt", encoding="utf-8") as f:
                 for n, line in enumerate(f, 1):
-                    word, *phones = line.split()
-                    if not phones:
+                    fields = line.split()
+                    if len(fields) < 2:
                         raise LexiconError(f"{path}:{n}: a word without phonemes")
-                    entries[word] = tuple(phones)
-        except (OSError, EOFError, UnicodeDecodeError, ValueError) as exc:
-            if isinstance(exc, LexiconError):
-                raise
+                    entries[fields[0]] = tuple(fields[1:])
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
             raise LexiconError(f"{path}: cannot read the lexicon: {exc}") from exc
         try:
             return cls(entries)

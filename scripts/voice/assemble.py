@@ -242,10 +242,10 @@ def assemble(args: argparse.Namespace) -> None:
     lm = torch.load(args.lm, weights_only=False)
     dit = flow["config"]["dit"]
     args.out.mkdir(parents=True, exist_ok=True)
+    ratios = PHONEME_RATIOS if (args.blank / LEXICON).is_file() else ""
     write_atomic(args.out / "cosyvoice3.yaml", with_cfm_keys(YAML.format(
         hidden=lm["shape"]["hidden"], codebook=lm["codebook"], lookahead=flow["config"]["lookahead_channels"],
-        dim=dit["dim"], depth=dit["depth"], heads=dit["heads"], ratios=PHONEME_RATIOS * (args.blank / LEXICON).is_file()),
-        args.flow_steps, args.cfg_rate))
+        dim=dit["dim"], depth=dit["depth"], heads=dit["heads"], ratios=ratios), args.flow_steps, args.cfg_rate))
     module = write_lm(lm, args.blank, args.out)
     cfg = flow_config(lm["codebook"], dit["dim"], dit["depth"], dit["heads"], flow["config"]["lookahead_channels"])
     assert cfg.dit.static_chunk_size == dit["static_chunk_size"]

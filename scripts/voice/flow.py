@@ -44,7 +44,6 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import torch
-import torch.nn.functional as F
 from specli.core.device import cpu_native_bf16
 from specli.io.atomic import write_atomic_with
 from specli.tts.acoustic.cfm import CFMSettings, fixed_noise

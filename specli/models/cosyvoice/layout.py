@@ -36,8 +36,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
 from specli.core.drafters.llm.layout import VocabLayout
 
 ModelKind = Literal["cosyvoice2", "cosyvoice3"]

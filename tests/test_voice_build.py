@@ -183,7 +183,7 @@ def _wordnet(root: Path, examples: list[str]) -> Path:
 
 
 def test_wordnet_examples_follow_the_fortunes_and_never_enter_the_held_out_set(tmp_path: Path) -> None:
-    from scripts.voice.corpus import piper, texts
+    from scripts.voice.corpus import sentences, texts
 
     in_range = "The cook rode up the hill."  # sha1 fe28...: inside the fixed held-out range
     extra = ["the farmer sold his cow", "A clean shirt", "Rain fell on the quiet town;", "Wir gehen nach Hause",
@@ -191,8 +191,8 @@ def test_wordnet_examples_follow_the_fortunes_and_never_enter_the_held_out_set(t
     fortunes, words = _fortunes(tmp_path, SENTENCES)
     words.write_text(words.read_text() + "farmer\nsold\nhis\ncow\nclean\nshirt\ncook\nrode\nup\nhill\nboats\n")
     wordnet = _wordnet(tmp_path / "wordnet", extra)
-    alone = piper.pool(fortunes, words, 300, None)
-    sel = piper.pool(fortunes, words, 300, wordnet)
+    alone = sentences.pool(fortunes, words, 300, None)
+    sel = sentences.pool(fortunes, words, 300, wordnet)
     assert sel.heldout == alone.heldout and sel.train_pool[: len(alone.train_pool)] == alone.train_pool
     added = [text for _sha, text in sel.train_pool[len(alone.train_pool):]]
     # Capitalised and ended with a full stop; a fortune's duplicate ("Rain fell ..."), German, a digit and the
@@ -204,7 +204,7 @@ def test_wordnet_examples_follow_the_fortunes_and_never_enter_the_held_out_set(t
     assert [t for _i, t in texts.sentences("train", source)] == [t for _s, t in sel.train_pool]
     (wordnet / "data.adv").unlink()
     with pytest.raises(SystemExit, match="data.adv missing .* apt-get install -y wordnet-base"):
-        piper.pool(fortunes, words, 300, wordnet)
+        sentences.pool(fortunes, words, 300, wordnet)
 
 
 def test_text_tokenizer_stage_trains_once_then_skips(tmp_path: Path, capsys) -> None:

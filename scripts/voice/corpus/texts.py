@@ -1,5 +1,5 @@
 """The corpus's sentences without its audio: the training pool (sha1 order, the sentences the voice was trained on
-first, then WordNet's examples) or the held-out range, exactly as the piper corpus (``piper.py``) selects them.
+first, then WordNet's examples) or the held-out range, exactly as the piper corpus selects them (``sentences.py``).
 
 ``python -m scripts.voice corpus --work DIR --text-only`` writes the text-only corpus for LM work (no audio
 synthesised): ``<work>/text/{train,heldout}.jsonl``, one ``{"id", "text", "tokens"}`` a line (``tokens``: the
@@ -18,7 +18,7 @@ from pathlib import Path
 from specli.io.atomic import write_atomic_with
 
 from ..common import log
-from . import piper
+from . import sentences as selection
 
 SPLITS = ("train", "heldout")
 
@@ -27,15 +27,15 @@ SPLITS = ("train", "heldout")
 class Source:
     """Where the sentences come from (the piper corpus's selection)."""
 
-    fortunes: Path = piper.FORTUNE_DIR  # the Debian fortune files
-    wordlist: Path = piper.WORDLIST  # the word list that drops non-English sentences
+    fortunes: Path = selection.FORTUNE_DIR  # the Debian fortune files
+    wordlist: Path = selection.WORDLIST  # the word list that drops non-English sentences
     heldout: int = 300  # sentences of the held-out range (the piper corpus's --heldout)
-    wordnet: Path | None = piper.WORDNET_DIR  # WordNet's data files (its examples follow the fortunes); None: none
+    wordnet: Path | None = selection.WORDNET_DIR  # WordNet's data files (its examples follow the fortunes); None: none
 
 
 def sentences(split: str, source: Source = Source()) -> list[tuple[str, str]]:
     """``(sha1[:12], text)`` of ``split`` ("train": the training pool, "heldout": the held-out range)."""
-    sel = piper.pool(source.fortunes, source.wordlist, source.heldout, source.wordnet)
+    sel = selection.pool(source.fortunes, source.wordlist, source.heldout, source.wordnet)
     rows = sel.train_pool if split == "train" else sel.heldout
     return [(sha[:12], text) for sha, text in rows]
 

@@ -3,7 +3,7 @@
 Each synset line of ``data.noun`` / ``data.verb`` / ``data.adj`` / ``data.adv`` ends with a gloss after ``" | "``:
 definitions, then examples in double quotes (``"he ate his breakfast quickly"``). Every example becomes a sentence
 candidate: trailing ``, ; :`` dropped, first letter capitalised, a full stop added where it has no ``. ! ?``, then the
-fortunes' own checks (``piper.normalise``: 3-25 words of plain letters, no digits, no capital runs; ``mostly_english``
+fortunes' own checks (``sentences.normalise``: 3-25 words of plain letters, no digits, no capital runs; ``mostly_english``
 against wamerican). ~40,600 examples pass (~258k words, ~27 h of piper audio), three times the fortunes' pool;
 many are phrases rather than whole sentences ("A furtive manner."), which reads fine aloud.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import piper
+from . import sentences
 
 FILES = ("data.noun", "data.verb", "data.adj", "data.adv")
 EXAMPLE = re.compile(r'"([^"]+)"')
@@ -50,6 +50,6 @@ def examples(wordnet_dir: Path) -> list[str]:
 
 def collect_examples(wordnet_dir: Path, words: frozenset[str]) -> dict[str, str]:
     """The usable examples keyed by sha1 (the fortunes' checks and merging against the word list ``words``:
-    ``piper.usable``)."""
+    ``sentences.usable``)."""
     candidates = (s for s in map(as_sentence, examples(wordnet_dir)) if s)
-    return piper.usable(candidates, words)
+    return sentences.usable(candidates, words)

@@ -3,7 +3,7 @@
 Clip list: ``train.tsv`` / ``heldout.tsv`` of the corpus (corpus/piper.py) once its build is complete (its
 manifest counts match the TSVs and it was not a ``--limit`` trial); while the build still runs, the
 sentences already in its ``journal.tsv`` (one line per finished wav, in sha1 order), with texts from the
-same selection code (``pool`` of corpus/piper.py).
+same selection code (``pool`` of corpus/sentences.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..common import log
-from ..corpus import piper
+from ..corpus import sentences
 from .graph import MEL_FRAMES_PER_TOKEN, RATE_22K, TOKEN_HOP_22K
 
 STRESS = re.compile(r"[ˈˌ\s]|\([a-z-]+\)")
@@ -49,7 +49,7 @@ def build_complete(data: Path) -> bool:
 
 
 def _partial(data: Path, heldout_size: int = 300) -> list[Clip]:
-    sel = piper.pool(piper.FORTUNE_DIR, piper.WORDLIST, heldout_size, piper.WORDNET_DIR)
+    sel = sentences.pool(sentences.FORTUNE_DIR, sentences.WORDLIST, heldout_size, sentences.WORDNET_DIR)
     journal: dict[str, int] = {}
     for ln in (data / "journal.tsv").read_text(encoding="utf-8").splitlines():
         parts = ln.split("\t")

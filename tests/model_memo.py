@@ -99,18 +99,18 @@ class ModelMemo:
         return self._get(("vocalizer", str(voice), kind, str(device), flow_steps, dtype, _vocoder_key(vocoder, dtype)),
                          lambda: REAL["vocalizer"](voice, kind, device, flow_steps, dtype, vocoder))
 
-    def hifigan(self, path=None, config=None, sha256: str | None = None, device: torch.device | str = "cpu"):
-        """``load_hifigan`` of the wheel's universal generator (memoized per device); a file loads for real."""
+    def hifigan(self, path=None, config=None, sha256: str | None = None, device: torch.device | str = "cpu",
+                buckets: bool = False):
+        """``load_hifigan`` of the wheel's universal generator (memoized per device and ``buckets``); a file loads
+        for real."""
         if path is not None or config is not None or sha256 is not None:
-            return REAL["hifigan"](path, config, sha256, device)
-        return self._get(("hifigan", str(device)), lambda: REAL["hifigan"](device=device))
+            return REAL["hifigan"](path, config, sha256, device, buckets)
+        return self._get(("hifigan", str(device), buckets), lambda: REAL["hifigan"](device=device, buckets=buckets))
 
 
 def _vocoder_key(vocoder: str | None, dtype: torch.dtype) -> object:
     """What a ``Vocalizer.from_dir`` vocoder argument loads: None and the flow's own dtype by name are the same
-    vocoder; "auto" resolves by torch's thread count at load time (``vocoder_dtype``: one thread or not)."""
-    if vocoder == "auto":
-        return ("auto", torch.get_num_threads() == 1)
+    vocoder ("auto" is this machine's choice: ``vocoder_dtype``)."""
     return None if vocoder is None or DTYPES.get(vocoder) == dtype else vocoder
 
 

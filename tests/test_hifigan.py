@@ -180,6 +180,37 @@ def test_round_trip_mel_is_close_and_aligned(universal: HifiGan) -> None:
         assert l1[0] + 0.03 < min(l1[-128], l1[128]), (path.name, l1)
 
 
+def test_bucket_lengths_are_few_and_hold_the_mel() -> None:
+    """64, 96, 128, 192, ...: two lengths an octave, each at most 1.5x the frames it holds (64 at least)."""
+    sizes = sorted({H.bucket_frames(n) for n in range(1, 6145)})
+    assert sizes == [64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144]
+    assert all(n <= H.bucket_frames(n) <= max(64, 1.5 * n) for n in range(1, 6145))
+    with pytest.raises(ValueError, match="frames must be >= 1"):
+        H.bucket_frames(0)
+
+
+@needs_wheel
+def test_bucketed_vocoding_differs_only_by_rounding_but_at_the_end(universal: HifiGan,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vocoder with ``buckets`` runs the network on the mel padded with silence to its bucket and trims the
+    audio: as long as the unpadded network's, within rounding of it (2e-4; measured 6e-5) but for the last 4,096
+    samples when the mel stops mid-speech (the receptive field, where the unpadded network sees its own zero
+    padding: measured 3,031 samples), everywhere when it ends in silence."""
+    bucketed = HifiGan(universal.cfg, buckets=True).eval().requires_grad_(False)
+    bucketed.load_state_dict(universal.state_dict())
+    mel = universal.mel(torch.from_numpy(load_audio(AUSTEN, 22050)))
+    cut = mel[:, :, : mel.shape[2] // 2 + 5]  # [1, 80, T]: mid-speech, not a bucket length
+    ended = torch.cat([cut, torch.full((1, 80, 30), H.MEL_FLOOR)], 2)  # then 0.35 s of silence
+    widths = []
+    forward = bucketed.forward
+    monkeypatch.setattr(bucketed, "forward", lambda m: widths.append(m.shape[2]) or forward(m))
+    for mel_in, exact_upto in ((cut, -4096), (ended, None)):
+        plain, padded = universal.vocode(mel_in)[0], bucketed.vocode(mel_in)[0]
+        assert padded.shape == plain.shape == (mel_in.shape[2] * 256,)
+        assert float((plain[:exact_upto] - padded[:exact_upto]).abs().max()) < 2e-4
+    assert widths == [H.bucket_frames(cut.shape[2]), H.bucket_frames(ended.shape[2])] and widths[0] > cut.shape[2]
+
+
 # --------------------------------------------------------------------------- random weights vs the library
 
 

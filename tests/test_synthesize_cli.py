@@ -181,7 +181,7 @@ def test_bench_synthesis_audio_stages_on_the_shipped_voice(tmp_path):
     assert res.exit_code == 0, res.stderr
     report = json.loads((tmp_path / "default" / "report.json").read_text())
     # no --audio-dtype: the stages compute as `synthesize` runs them (a float32 flow, HiFi-GAN's own default)
-    want = str(vocoder_dtype("auto", "hifigan", "cpu", 1)).removeprefix("torch.")
+    want = str(vocoder_dtype("auto", "hifigan", "cpu")).removeprefix("torch.")
     assert (report["audio_dtype"], report["vocoder_dtype"]) == (["float32"], [want])
     refused = CliRunner().invoke(main, ["bench", str(texts), "--presets", "whisper-base-ar", "--audio"])
     assert refused.exit_code == 2 and "synthesis presets" in refused.stderr

@@ -1,6 +1,6 @@
-"""The vocoder's own compute dtype (``--vocoder-dtype``): bfloat16 by default for HiFi-GAN at one thread of a CPU with
-native bf16 (measured transparent, and faster there: docs/benchmarks/voice/vocoder-bf16/), float32 elsewhere and for
-HiFT; the flow stays float32 unless ``--audio-dtype`` says otherwise."""
+"""The vocoder's own compute dtype (``--vocoder-dtype``): bfloat16 by default for HiFi-GAN on a CPU with native bf16
+(measured transparent, and faster there at 1 and 2 threads: docs/benchmarks/voice/vocoder-bf16/), float32 elsewhere
+and for HiFT; the flow stays float32 unless ``--audio-dtype`` says otherwise."""
 
 from __future__ import annotations
 
@@ -24,16 +24,15 @@ TINY_CFG = HifiGanConfig(upsample_rates=(4, 2), upsample_kernel_sizes=(8, 4), up
                          hop_size=8, n_fft=16, win_size=16)
 
 
-def test_auto_vocoder_is_bf16_only_for_hifigan_at_one_thread_of_a_native_bf16_cpu() -> None:
-    assert vocoder_dtype("auto", "hifigan", "cpu", 1, native_bf16=True) == torch.bfloat16
-    assert vocoder_dtype("auto", "hifigan", "cpu", 1, native_bf16=False) == torch.float32  # AVX2: emulated, slow
-    assert vocoder_dtype("auto", "hifigan", "cpu", 2, native_bf16=True) == torch.float32  # no faster at 2 threads
-    assert vocoder_dtype("auto", "hift", "cpu", 1, native_bf16=True) == torch.float32  # HiFT: round trip unmeasured
-    assert vocoder_dtype("auto", "hifigan", "cuda", 1, native_bf16=True) == torch.float32
-    assert vocoder_dtype("bfloat16", "hift", "cpu", 4, native_bf16=False) == torch.bfloat16  # asked for: given
-    assert vocoder_dtype("float32", "hifigan", "cpu", 1, native_bf16=True) == torch.float32
+def test_auto_vocoder_is_bf16_only_for_hifigan_on_a_native_bf16_cpu() -> None:
+    assert vocoder_dtype("auto", "hifigan", "cpu", native_bf16=True) == torch.bfloat16
+    assert vocoder_dtype("auto", "hifigan", "cpu", native_bf16=False) == torch.float32  # AVX2: emulated, slow
+    assert vocoder_dtype("auto", "hift", "cpu", native_bf16=True) == torch.float32  # HiFT: round trip unmeasured
+    assert vocoder_dtype("auto", "hifigan", "cuda", native_bf16=True) == torch.float32
+    assert vocoder_dtype("bfloat16", "hift", "cpu", native_bf16=False) == torch.bfloat16  # asked for: given
+    assert vocoder_dtype("float32", "hifigan", "cpu", native_bf16=True) == torch.float32
     with pytest.raises(ValueError, match="audio dtype must be one of"):
-        vocoder_dtype("float16", "hifigan", "cpu", 1, native_bf16=True)  # type: ignore[arg-type]
+        vocoder_dtype("float16", "hifigan", "cpu", native_bf16=True)  # type: ignore[arg-type]
 
 
 def test_stage_dtypes_of_the_options() -> None:

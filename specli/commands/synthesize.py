@@ -87,8 +87,8 @@ def _default_preset(model: str | None) -> str:
                    "at 1 thread, 0.94x at 2 (docs/benchmarks/synthesis-bf16/). Deterministic; they differ by rounding.")
 @click.option("--vocoder-dtype", type=click.Choice(AUDIO_DTYPES),
               help="Compute dtype of the vocoder alone (default: --audio-dtype's, else auto = bfloat16 for a HiFi-GAN "
-                   "vocoder at --threads 1 on a CPU with native bf16, else float32: transparent and ~3x faster "
-                   "there, not faster at 2 threads; docs/benchmarks/voice/vocoder-bf16/).")
+                   "vocoder on a CPU with native bf16, else float32: transparent there, 2.4x / 1.6x faster at 1 / 2 "
+                   "threads; docs/benchmarks/voice/vocoder-bf16/).")
 @click.option("--prompt-wav", help="Voice prompt recording (<= 30 s, >= 16 kHz) for wav/flac output.")
 @click.option("--prompt-text", help="Transcript of --prompt-wav (CosyVoice3: a '...<|endofprompt|>' prefix is added "
                                     "when absent).")

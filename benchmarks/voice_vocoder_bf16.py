@@ -14,7 +14,9 @@ bootstrap over sentences of WER(bf16) - WER(fp32); the mel distance is the mean 
 log-mel(fp32 audio)|, beside the vocoder's own round-trip error |log-mel(fp32 audio) - input mel| for scale.
 
 ``--part speed``: the first ``--speed-sentences`` piper mels, every utterance at each thread count through both
-dtypes in turn (A/B interleaved per utterance, thread counts too), best of ``--repeat`` after a warm-up. Not a test:
+dtypes in turn (A/B interleaved per utterance, thread counts too), best of ``--repeat`` after a warm-up at the
+same length: the warm speed, without the ~1 s oneDNN spends on each new input length in bf16 (what a run of
+sentences pays: the vocoder's length buckets, README's twenty-second-session section). Not a test:
 
     python benchmarks/voice_vocoder_bf16.py --part wer --sentences 100 --threads 1 --work /tmp/vocoder/work \\
         --out docs/benchmarks/voice/vocoder-bf16
@@ -160,7 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", choices=("wer", "speed"), required=True)
     ap.add_argument("--voice", default="specli-en", help="a shipped voice's name or a voice's model directory")
-    ap.add_argument("--corpus", type=Path, default=Path("/work/voice/data"), help="make_voice_data.py output")
+    ap.add_argument("--corpus", type=Path, default=Path("/work/voice/data"), help="the voice corpus (<work>/data of python -m scripts.voice corpus)")
     ap.add_argument("--tokens", type=Path, default=Path("data/voice/tokens/tokens.npz"))
     ap.add_argument("--sentences", type=int, default=100)
     ap.add_argument("--speed-sentences", type=int, default=16)

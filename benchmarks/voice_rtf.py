@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.voice.corpus import piper as piper_corpus  # noqa: E402
+from voice_roundtrip import heldout  # noqa: E402
 
 STAGES = ("llm", "flow", "vocoder", "total")
 
@@ -61,8 +62,7 @@ def main() -> None:
     ap.add_argument("--no-piper", action="store_true", help="specli's presets only")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    rows = (args.corpus / "heldout.tsv").read_text(encoding="utf-8").splitlines()[: args.sentences]
-    texts = [row.split("\t")[1] for row in rows]
+    texts = [text for _cid, text in heldout(args.corpus, args.sentences)]
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict = {"sentences": len(texts), "threads": args.threads, "vocoder_dtype": args.vocoder_dtype or "auto",
                     "runs": []}

@@ -162,7 +162,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", choices=("wer", "speed"), required=True)
     ap.add_argument("--voice", default="specli-en", help="a shipped voice's name or a voice's model directory")
-    ap.add_argument("--corpus", type=Path, default=Path("/work/voice/data"), help="the voice corpus (<work>/data of python -m scripts.voice corpus)")
+    ap.add_argument("--corpus", type=Path, default=Path("/work/voice/data"),
+                    help="the voice corpus (<work>/data of python -m scripts.voice corpus)")
     ap.add_argument("--tokens", type=Path, default=Path("data/voice/tokens/tokens.npz"))
     ap.add_argument("--sentences", type=int, default=100)
     ap.add_argument("--speed-sentences", type=int, default=16)

@@ -17,7 +17,8 @@ sys.path.insert(0, str(ROOT))  # the repository: scripts.voice
 from scripts.voice import build  # noqa: E402
 from scripts.voice.paths import COMMITTED, ENV, Layout, work_dir  # noqa: E402
 
-STAGES = ["corpus", "tokenizer", "tokens", "text-tokenizer", "lexicon", "lm", "flow", "assemble", "drafters", "roundtrip"]
+STAGES = ["corpus", "tokenizer", "tokens", "text-tokenizer", "lexicon", "lm", "flow", "assemble", "drafters",
+          "roundtrip"]
 QUIET = ["--nice", "0"]  # a test never lowers its own process's priority
 
 

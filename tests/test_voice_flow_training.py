@@ -109,3 +109,16 @@ def test_official_yaml_keeps_ten_steps_and_the_voice_key_is_read(tmp_path: Path)
     assert "n_timesteps" in assemble.with_cfm_keys(shipped.read_text(encoding="utf-8"), 2, None)
     with pytest.raises(ValueError, match="at least one"):
         assemble.with_cfm_keys(TINY_FLOW_YAML, 0, None)
+
+
+def test_assemble_writes_the_shipped_yaml_and_names_the_ratio_key_only_with_a_lexicon() -> None:
+    """The yaml assemble.py writes for the shipped voice's shapes is the shipped file, byte for byte; a voice without
+    a lexicon gets neither the phoneme ratio key nor its mention among specli's keys."""
+    from scripts.voice import assemble
+
+    shipped = Path(__file__).resolve().parent.parent / "specli" / "voices" / "specli-en" / "cosyvoice3.yaml"
+    dit = {"dim": 256, "depth": 6, "heads": 4}
+    phonemes = assemble.voice_yaml(256, 729, 256, dit, phonemes=True)
+    assert assemble.with_cfm_keys(phonemes, 1, 0.0) == shipped.read_text(encoding="utf-8")
+    text = assemble.voice_yaml(256, 729, 256, dit, phonemes=False)
+    assert "min_token_text_ratio" not in text and "speech_tokenizer_mels." in text

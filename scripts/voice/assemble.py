@@ -47,8 +47,7 @@ PHONEME_RATIOS = ("min_token_text_ratio: 0.75  # specli's key: text is written a
                   "(CosyVoice-BlankEN/lexicon.txt.gz)\n")
 YAML = """\
 # specli-en: a small English voice trained by specli (README: data, steps, licences). CosyVoice3's layout:
-# upstream's keys where they exist; specli's own keys: silent_tokens, speaker_encoder, speech_tokenizer_mels,
-# min_token_text_ratio.
+# upstream's keys where they exist; specli's own keys: silent_tokens, speaker_encoder, speech_tokenizer_mels{own}.
 sample_rate: 22050
 llm_input_size: {hidden}
 llm_output_size: {hidden}
@@ -155,6 +154,14 @@ def write_lm(lm: dict, blank: Path, out: Path) -> VoiceLM:
     return module
 
 
+def voice_yaml(hidden: int, codebook: int, lookahead: int, dit: dict, phonemes: bool) -> str:
+    """The voice's yaml for an LM of width ``hidden`` over ``codebook`` speech codes and a flow with the DiT shape
+    ``dit`` (dim, depth, heads); ``phonemes``: the text tokenizer has a lexicon (the phoneme ratio key)."""
+    return YAML.format(hidden=hidden, codebook=codebook, lookahead=lookahead, dim=dit["dim"], depth=dit["depth"],
+                       heads=dit["heads"], ratios=PHONEME_RATIOS if phonemes else "",
+                       own=",\n# min_token_text_ratio" if phonemes else "")
+
+
 def with_cfm_keys(text: str, n_timesteps: int | None, cfg_rate: float | None) -> str:
     """The yaml ``text`` with the flow's ``cfm_params`` ``n_timesteps`` (added after ``inference_cfg_rate`` when
     absent) and ``inference_cfg_rate`` set; None keeps a value as it is."""
@@ -242,10 +249,9 @@ def assemble(args: argparse.Namespace) -> None:
     lm = torch.load(args.lm, weights_only=False)
     dit = flow["config"]["dit"]
     args.out.mkdir(parents=True, exist_ok=True)
-    ratios = PHONEME_RATIOS if (args.blank / LEXICON).is_file() else ""
-    write_atomic(args.out / "cosyvoice3.yaml", with_cfm_keys(YAML.format(
-        hidden=lm["shape"]["hidden"], codebook=lm["codebook"], lookahead=flow["config"]["lookahead_channels"],
-        dim=dit["dim"], depth=dit["depth"], heads=dit["heads"], ratios=ratios), args.flow_steps, args.cfg_rate))
+    text = voice_yaml(lm["shape"]["hidden"], lm["codebook"], flow["config"]["lookahead_channels"], dit,
+                      phonemes=(args.blank / LEXICON).is_file())
+    write_atomic(args.out / "cosyvoice3.yaml", with_cfm_keys(text, args.flow_steps, args.cfg_rate))
     module = write_lm(lm, args.blank, args.out)
     cfg = flow_config(lm["codebook"], dit["dim"], dit["depth"], dit["heads"], flow["config"]["lookahead_channels"])
     assert cfg.dit.static_chunk_size == dit["static_chunk_size"]

@@ -18,7 +18,7 @@ from flow_fixtures import write_audio_checkpoint
 
 from specli.cli import main
 from specli.io.outputs import path_tag
-from specli.tts.split import Unsplittable, split_to_fit
+from specli.tts.split import Unsplittable, short_pieces, split_to_fit
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -163,6 +163,62 @@ def test_split_to_fit_prefers_sentences_then_clauses_then_words() -> None:
     with pytest.raises(Unsplittable) as err:
         split_to_fit("ok. " + "a" * 50, fits)
     assert err.value.part == "a" * 50
+
+
+def test_short_pieces_cut_after_sentences_and_clauses_never_between_words() -> None:
+    text = "In particular, if you want a certain amount of computer power, buy one biggie. Then rest."
+    assert short_pieces(text, 0) == [text]
+    assert short_pieces(text, 20) == [text]
+    assert short_pieces(text, 15) == ["In particular, if you want a certain amount of computer power, buy one biggie.",
+                                      "Then rest."]
+    assert short_pieces(text, 5) == ["In particular,", "if you want a certain amount of computer power,",
+                                     "buy one biggie.", "Then rest."]  # a 9-word clause stays whole
+    assert short_pieces("one two three four five six seven", 3) == ["one two three four five six seven"]
+    assert short_pieces("one two three, four five six. —", 3) == ["one two three,", "four five six. —"]
+    with pytest.raises(ValueError):
+        short_pieces(text, -1)
+
+
+@pytest.mark.parametrize("value", ["-1", "2.5", "true", "ten"])
+def test_a_bad_max_piece_words_is_refused_naming_the_yaml(tmp_path: Path, value: str) -> None:
+    from specli.errors import ModelLoadError
+    from specli.models.cosyvoice.lm import read_spec
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", "cosyvoice2", seed=3, boost=CV2_EOS)
+    yaml = ckpt / "cosyvoice2.yaml"
+    yaml.write_text(yaml.read_text(encoding="utf-8") + f"max_piece_words: {value}\n", encoding="utf-8")
+    with pytest.raises(ModelLoadError, match="cosyvoice2.yaml.*max_piece_words"):
+        read_spec(yaml)
+
+
+def test_a_voice_with_max_piece_words_speaks_a_long_line_in_pieces(tmp_path: Path) -> None:
+    """Greedy: the line's tokens are its pieces' tokens, each as if spoken alone; a short line stays whole, and so
+    does the long one without the key (upstream's rule)."""
+    plain = write_checkpoint(tmp_path / "plain", "cosyvoice2", seed=3, boost=CV2_EOS)
+    cut = write_checkpoint(tmp_path / "cut", "cosyvoice2", seed=3, boost=CV2_EOS)
+    yaml = cut / "cosyvoice2.yaml"
+    yaml.write_text(yaml.read_text(encoding="utf-8") + "max_piece_words: 4\n", encoding="utf-8")
+    pieces = ["Hello there, my friend.", "This is a test,", "and it goes on."]
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join([" ".join(pieces), "Short line here.", *pieces]) + "\n", encoding="utf-8")
+    recs, tokens = {}, {}
+    for name, model in (("plain", plain), ("cut", cut)):
+        res = _run(lines, "--model", model, "--sampler", "greedy", "--format", "npy", "-o", tmp_path / name,
+                   "--jsonl", "-")
+        assert res.exit_code == 0, res.stderr
+        recs[name] = _records(res)
+        tokens[name] = [np.load(tmp_path / name / f"lines_{k:05d}.npy") for k in range(1, 6)]
+    assert "pieces" not in recs["plain"][0] and "pieces" not in recs["cut"][1]
+    assert recs["cut"][0]["pieces"] == [len(t) for t in tokens["cut"][2:]]
+    assert np.array_equal(tokens["cut"][0], np.concatenate(tokens["cut"][2:]))
+    assert not np.array_equal(tokens["cut"][0], tokens["plain"][0])
+    for k in range(1, 5):  # lines of at most four words: the same with and without the key
+        assert np.array_equal(tokens["cut"][k], tokens["plain"][k])
+    args = (lines, "--model", cut, "--sampler", "greedy", "--format", "npy", "-o", tmp_path / "cut")
+    assert "0 ok, 0 failed, 5 skipped" in _run(*args).stderr
+    yaml.write_text(yaml.read_text(encoding="utf-8").replace("max_piece_words: 4", "max_piece_words: 5"))
+    redone = _run(*args)  # a changed piece length redoes the outputs
+    assert "5 ok" in redone.stderr and "max_piece_words 4 -> 5" in redone.stderr
 
 
 def test_another_seed_keeps_greedy_outputs_of_a_vocoder_without_noise(tmp_path: Path) -> None:

@@ -45,9 +45,12 @@ from .paths import BLANK
 # corpus), against upstream's minimum of 2 (byte-level BPE: ~3.2)
 PHONEME_RATIOS = ("min_token_text_ratio: 0.75  # specli's key: text is written as phonemes "
                   "(CosyVoice-BlankEN/lexicon.txt.gz)\n")
+# the voice's piece length (docs/benchmarks/voice/pieces/: chosen on held-out sentences 100-199)
+MAX_PIECE_WORDS = 10
 YAML = """\
 # specli-en: a small English voice trained by specli (README: data, steps, licences). CosyVoice3's layout:
-# upstream's keys where they exist; specli's own keys: silent_tokens, speaker_encoder, speech_tokenizer_mels{own}.
+# upstream's keys where they exist; specli's own keys: silent_tokens, speaker_encoder, speech_tokenizer_mels,
+# max_piece_words{own}.
 sample_rate: 22050
 llm_input_size: {hidden}
 llm_output_size: {hidden}
@@ -59,6 +62,7 @@ chunk_size: 25
 silent_tokens: []  # this voice's codebook has no designated silence codes
 speaker_encoder: false  # one speaker, no campplus.onnx: the flow's x-vector is zeros
 speech_tokenizer_mels: 128
+max_piece_words: {piece_words}  # a longer line is spoken in sentence / clause pieces: this LM loses words in long ones
 {ratios}
 llm: !new:cosyvoice.llm.llm.CosyVoice3LM
     llm_input_size: !ref <llm_input_size>
@@ -159,7 +163,7 @@ def voice_yaml(hidden: int, codebook: int, lookahead: int, dit: dict, phonemes: 
     ``dit`` (dim, depth, heads); ``phonemes``: the text tokenizer has a lexicon (the phoneme ratio key)."""
     return YAML.format(hidden=hidden, codebook=codebook, lookahead=lookahead, dim=dit["dim"], depth=dit["depth"],
                        heads=dit["heads"], ratios=PHONEME_RATIOS if phonemes else "",
-                       own=",\n# min_token_text_ratio" if phonemes else "")
+                       own=", min_token_text_ratio" if phonemes else "", piece_words=MAX_PIECE_WORDS)
 
 
 def with_cfm_keys(text: str, n_timesteps: int | None, cfg_rate: float | None) -> str:

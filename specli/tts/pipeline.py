@@ -210,6 +210,8 @@ def synthesis_settings(synth: Synthesizer, preset: str = "") -> dict:
     model, opts = synth.model, synth.options
     settings: dict = {"preset": preset, "model": model_settings(model),
                       "dtype": str(model.lm.qwen.dtype).removeprefix("torch."), "sampler": asdict(opts.sampler)}
+    if model.spec.max_piece_words:  # recorded only where set: outputs of voices without it stay current
+        settings["max_piece_words"] = model.spec.max_piece_words
     if opts.sampler.name != "greedy":
         settings["seed"] = opts.seed
         settings["drafter"] = _drafter_settings(opts)

@@ -36,14 +36,17 @@ def _cut(text: str, pattern: re.Pattern[str]) -> list[str]:
     return parts
 
 
-def split_to_fit(text: str, fits: Callable[[str], bool], level: int = 0) -> list[str]:
+def split_to_fit(text: str, fits: Callable[[str], bool], level: int = 0, words: bool = True) -> list[str]:
     """``text`` as pieces (stripped) that each ``fits``: itself when it fits, else cut at sentence, clause, then
-    word boundaries, adjacent parts packed while they fit. :class:`Unsplittable` names a part that cannot be cut."""
+    word boundaries, adjacent parts packed while they fit. :class:`Unsplittable` names a part that cannot be cut.
+    ``words=False`` never cuts between words: a clause that does not fit is a piece of its own, whole."""
     text = text.strip()
     if fits(text):
         return [text]
-    if level == len(_LEVELS):
-        raise Unsplittable(text)
+    if level == len(_LEVELS) - (0 if words else 1):
+        if words:
+            raise Unsplittable(text)
+        return [text]
     pieces: list[str] = []
     current = ""
     for part in _cut(text, _LEVELS[level][1]):
@@ -51,7 +54,24 @@ def split_to_fit(text: str, fits: Callable[[str], bool], level: int = 0) -> list
             current += part
             continue
         if current:
-            pieces += split_to_fit(current, fits, level + 1)
+            pieces += split_to_fit(current, fits, level + 1, words)
         current = part
-    pieces += split_to_fit(current, fits, level + 1)
+    pieces += split_to_fit(current, fits, level + 1, words)
+    return pieces
+
+
+def short_pieces(text: str, max_words: int) -> list[str]:
+    """``text`` cut after sentence, then clause punctuation into pieces of at most ``max_words`` words where it can
+    be (adjacent parts packed; a longer clause stays whole, never cut between words): a voice's own piece length
+    (``max_piece_words``: a small LM loses words in long sentences). ``max_words`` 0: ``[text]``."""
+    if max_words < 0:
+        raise ValueError("max_words must be >= 0")
+    if not max_words:
+        return [text.strip()]
+    pieces: list[str] = []
+    for piece in split_to_fit(text, lambda t: len(t.split()) <= max_words, words=False):
+        if pieces and not re.search(r"\w", piece):
+            pieces[-1] += " " + piece  # nothing to speak on its own (a quote mark, a dash)
+        else:
+            pieces.append(piece)
     return pieces

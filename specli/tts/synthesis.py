@@ -20,7 +20,8 @@ products can move a logit by ~1e-7, which flips a greedy top-2 tie or a sample w
 close to a boundary of the sampler's CDF (tests/test_synthesis_batch.py checks every difference is one).
 
 With ``SynthesisOptions.split`` (the CLI's), a request too long for the model's positions is spoken in pieces
-(:mod:`specli.tts.split`: sentences, then clauses, then words, packed while they fit), each decoded as a request
+(:mod:`specli.tts.split`: sentences, then clauses, then words, packed while they fit), and so is one of more words
+than the voice's ``max_piece_words`` (sentences and clauses only), each decoded as a request
 of its own (id ``<id>#<k>``, its own generator), their tokens joined into the request's one result
 (:attr:`SynthesisResult.pieces` keeps where they meet, so the audio stages render each piece as upstream does).
 """
@@ -50,7 +51,7 @@ from specli.errors import SpecliError
 from specli.presets.draft import DraftSpec
 from specli.presets.synthesis import SYNTHESIS_DRAFT, SynthesisPreset
 from specli.tts import drafters  # registers the synthesis drafter kinds
-from specli.tts.split import Unsplittable, split_to_fit
+from specli.tts.split import Unsplittable, short_pieces, split_to_fit
 
 
 class SynthesisInputError(SpecliError):
@@ -189,18 +190,28 @@ class Synthesizer:
                          generator=request_generator(opts.seed, request.id, device))
 
     def pieces(self, request: SynthesisRequest) -> list[tuple[SynthesisRequest, PreparedRequest]]:
-        """``request`` prepared; with ``split``, one too long for the model as its pieces (requests of their own,
-        ids ``<id>#<k>``), each prepared. :class:`SynthesisInputError` says what is wrong (a piece that cannot be
-        cut further: too long)."""
-        try:
-            return [(request, prepare(self.model, request))]
-        except TooLongError:
-            if not self.options.split or ENDOFPROMPT in request.text:  # a prompt inside the text is not cut
-                raise
-
-        def fits(text: str) -> bool:
+        """``request`` prepared; with ``split``, in pieces (requests of their own, ids ``<id>#<k>``), each prepared:
+        a line longer than the voice's ``max_piece_words`` (:func:`short_pieces`), and a piece too long for the
+        model (:meth:`_fitting`). :class:`SynthesisInputError` says what is wrong (a piece that cannot be cut
+        further: too long)."""
+        split = self.options.split and ENDOFPROMPT not in request.text  # a prompt inside the text is not cut
+        texts = short_pieces(request.text, self.model.spec.max_piece_words) if split else [request.text]
+        if len(texts) == 1:
             try:
-                prepare(self.model, replace(request, text=text))
+                return [(request, prepare(self.model, request))]
+            except TooLongError:
+                if not split:
+                    raise
+        texts = [piece for text in texts for piece in self._fitting(request, text)]
+        parts = [replace(request, id=piece_id(request.id, k), text=t) for k, t in enumerate(texts, 1)]
+        return [(r, prepare(self.model, r)) for r in parts]
+
+    def _fitting(self, request: SynthesisRequest, text: str) -> list[str]:
+        """``text`` (of ``request``) in pieces that each fit the model (:func:`split_to_fit`)."""
+
+        def fits(piece: str) -> bool:
+            try:
+                prepare(self.model, replace(request, text=piece))
             except TooLongError:
                 return False
             except SynthesisInputError:
@@ -208,7 +219,7 @@ class Synthesizer:
             return True
 
         try:
-            texts = split_to_fit(request.text, fits)
+            return split_to_fit(text, fits)
         except Unsplittable as exc:
             try:
                 prepare(self.model, replace(request, text=exc.part))
@@ -216,8 +227,6 @@ class Synthesizer:
                 raise TooLongError(f"{too_long} (a part of {len(exc.part)} characters with no sentence, clause or "
                                    "word boundary to split it at)") from None
             raise
-        parts = [replace(request, id=piece_id(request.id, k), text=t) for k, t in enumerate(texts, 1)]
-        return [(r, prepare(self.model, r)) for r in parts]
 
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
         """Speech tokens for ``request`` (raises :class:`SynthesisInputError` for a bad request); in pieces when

@@ -66,6 +66,10 @@ class SpeechLMSpec:
     min_token_text_ratio: float = 2.0
     max_token_text_ratio: float = 20.0
     ras: RasSettings = RasSettings()  # the yaml's default sampler
+    # a line longer than this many words is spoken in sentence / clause pieces of at most this many (never cut
+    # between words; specli's key ``max_piece_words``, for a small LM that loses words in long sentences); 0:
+    # upstream's rule, a line is cut only when it is too long for the model
+    max_piece_words: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in ("cosyvoice2", "cosyvoice3"):
@@ -75,6 +79,8 @@ class SpeechLMSpec:
         if not 0 <= self.min_token_text_ratio <= self.max_token_text_ratio or self.max_token_text_ratio <= 0:
             raise ValueError(f"token/text ratios must satisfy 0 <= min <= max, max > 0: got "
                              f"{self.min_token_text_ratio}, {self.max_token_text_ratio}")
+        if self.max_piece_words < 0:
+            raise ValueError(f"max_piece_words must be >= 0, got {self.max_piece_words}")
 
     @property
     def speech_rows(self) -> int:

@@ -126,8 +126,8 @@ class CosyVoiceModel:
 
 
 def read_spec(yaml_path: Path) -> SpeechLMSpec:
-    """The LM kind, speech vocabulary, RAS settings and (specli's own keys) token/text length ratios from
-    ``cosyvoice{2,3}.yaml`` (nothing is run)."""
+    """The LM kind, speech vocabulary, RAS settings and (specli's own keys) token/text length ratios and piece
+    length from ``cosyvoice{2,3}.yaml`` (nothing is run)."""
     try:
         cfg = read_hyperpyyaml(yaml_path)
     except (OSError, ValueError) as exc:
@@ -146,9 +146,18 @@ def read_spec(yaml_path: Path) -> SpeechLMSpec:
             known = {k: sampling.value[k] for k in ("top_p", "top_k", "win_size", "tau_r") if k in sampling.value}
             ras = RasSettings(**known)
         ratios = {k: float(cfg[k]) for k in ("min_token_text_ratio", "max_token_text_ratio") if k in cfg}
-        return SpeechLMSpec(kind, int(llm.get("speech_token_size", 6561)), ras=ras, **ratios)
+        pieces = _whole(cfg["max_piece_words"], "max_piece_words") if "max_piece_words" in cfg else 0
+        return SpeechLMSpec(kind, int(llm.get("speech_token_size", 6561)), ras=ras, max_piece_words=pieces,
+                            **ratios)
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"{yaml_path}: unusable llm settings: {exc}") from exc
+
+
+def _whole(value: object, key: str) -> int:
+    """A yaml value that must be a whole number (``int("10.5")`` and ``int(True)`` would pass silently)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be a whole number, got {value!r}")
+    return value
 
 
 def _required(path: Path) -> list[str]:
@@ -240,6 +249,9 @@ def load_cosyvoice(name_or_dir: str, dtype: str = "float32", aux_layers: Sequenc
 
 
 def lm_fingerprint(model: CosyVoiceModel) -> str:
-    """A short hash of the LM's architecture and output vocabulary (what a drafter depends on)."""
-    data = {"dims": asdict(model.lm.qwen.dims), "spec": asdict(model.spec)}
+    """A short hash of the LM's architecture and output vocabulary (what a drafter depends on; not the voice's
+    piece length, which cuts the text before the LM: synthesis settings record it)."""
+    spec = asdict(model.spec)
+    del spec["max_piece_words"]
+    data = {"dims": asdict(model.lm.qwen.dims), "spec": spec}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -4,8 +4,8 @@ Each synset line of ``data.noun`` / ``data.verb`` / ``data.adj`` / ``data.adv`` 
 definitions, then examples in double quotes (``"he ate his breakfast quickly"``). Every example becomes a sentence
 candidate: trailing ``, ; :`` dropped, first letter capitalised, a full stop added where it has no ``. ! ?``, then the
 fortunes' own checks (``sentences.normalise``: 3-25 words of plain letters, no digits, no capital runs;
-``mostly_english`` against wamerican). ~40,600 examples pass (~258k words, ~27 h of piper audio), three times the fortunes' pool;
-many are phrases rather than whole sentences ("A furtive manner."), which reads fine aloud.
+``mostly_english`` against wamerican). ~40,600 examples pass (~258k words, ~27 h of piper audio), three times the
+fortunes' pool; many are phrases rather than whole sentences ("A furtive manner."), which reads fine aloud.
 
 Licence: WordNet 3.0 (Princeton University), permission to use, copy, modify and distribute for any purpose without
 fee, provided the copyright notice and disclaimer appear on all copies (Debian's copyright file carries them). As

@@ -211,3 +211,17 @@ def test_request_settings_and_file_fingerprints(tmp_path: Path) -> None:
     (tmp_path / "u.npy.json").write_text('{"id": "u"}')
     assert decide([npy], npy, {}, "skip-existing", fallback=None).record is None
     assert decide([npy], npy, {}, "skip-existing").record == {"id": "u"}  # transcription's default fallback
+
+
+def test_the_default_presets_shipped_drafter_is_found_under_a_sampler(tmp_path: Path) -> None:
+    """specli-en's default preset drafts with the DFlash drafter shipped inside the voice (``specli-en/dflash``);
+    under a sampler the resume settings record that drafter too, found where loading finds it (this failed as
+    "drafter 'specli-en/dflash' not found offline" while greedy runs passed)."""
+    from specli.models.cosyvoice.voices import shipped_voice
+
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["synthesize", "--text", "Hello.", "--format", "npy", "--sampler", "ras",
+                                    "--threads", "1", "-o", str(out), "--no-progress"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    drafter = json.loads(sidecar_path(out / "text_00001.npy").read_text())["settings"]["drafter"]
+    assert drafter["kind"] == "dflash" and drafter["dir"] == str((shipped_voice("specli-en") / "dflash").resolve())

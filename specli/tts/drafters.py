@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from specli.core.drafters.base import Drafter
-from specli.core.drafters.llm.loading import load_drafter
+from specli.core.drafters.llm.loading import load_drafter, resolve_drafter_dir
 from specli.core.drafters.ngram import NgramDrafter, NgramPool
 from specli.core.drafters.registry import DRAFTERS
 from specli.models.cosyvoice.lm import CosyVoiceModel
@@ -49,12 +49,20 @@ def pool(model: CosyVoiceModel, spec: DraftSpec, greedy: bool) -> Drafter:
 @DRAFTERS.register(TASK, "eagle3")
 @DRAFTERS.register(TASK, "model")
 def trained(model: CosyVoiceModel, spec: DraftSpec, greedy: bool) -> Drafter:
-    """A trained drafter from ``draft_dir`` (a directory by that path comes first, then one shipped beside a
-    voice, then a name under $SPECLI_MODELS_DIR), reading the LM's aux layers."""
-    local = Path(spec.draft_dir).expanduser().is_dir()
-    shipped = None if local else shipped_part(spec.draft_dir)
-    where = spec.draft_dir if shipped is None else str(shipped)
+    """A trained drafter from ``draft_dir`` (:func:`drafter_dir`), reading the LM's aux layers."""
+    where = str(drafter_dir(spec.draft_dir))
     return load_drafter(where, model.lm, llm_draft_options(spec), None if spec.drafter == "model" else spec.drafter)
+
+
+def drafter_dir(draft_dir: str) -> Path:
+    """Where a synthesis drafter is: a directory by that path first, then one shipped beside a voice
+    (``specli-en/dflash``, checked against the voice's SHA256SUMS), then a name found offline
+    (``$SPECLI_MODELS_DIR``, the local Hugging Face cache); the one place loading and resume settings ask."""
+    local = Path(draft_dir).expanduser()
+    if local.is_dir():
+        return local
+    shipped = shipped_part(draft_dir)
+    return shipped if shipped is not None else resolve_drafter_dir(draft_dir)
 
 
 def check_draft(spec: DraftSpec) -> None:

@@ -27,8 +27,8 @@ from specli.io.batch import Outcome, in_input_order
 from specli.io.outputs import mirrored_bases, path_tag
 from specli.io.resume import ResumeMode, decide, file_fingerprint, read_sidecar, sidecar_path, write_sidecar
 from specli.models.cosyvoice.lm import CosyVoiceModel, lm_fingerprint
-from specli.core.drafters.llm.loading import resolve_drafter_dir
 from specli.presets.draft import llm_draft_options
+from specli.tts.drafters import drafter_dir
 from specli.tts.synthesis import SynthesisInputError, SynthesisOptions, SynthesisRequest, SynthesisResult, Synthesizer
 
 
@@ -234,7 +234,7 @@ def _drafter_settings(opts: SynthesisOptions) -> dict:
     if spec.learns:  # the n-gram pool: no weights
         settings["ngram"] = spec.ngram
     else:
-        where = resolve_drafter_dir(spec.draft_dir)
+        where = drafter_dir(spec.draft_dir)
         files = [where / "config.json", *sorted(where.glob("*.safetensors"))]  # what loading it reads
         settings.update(dir=str(where.resolve()), options=asdict(llm_draft_options(spec)),
                         files={f.name: content_fingerprint(f) for f in files})

@@ -14,11 +14,18 @@ English, the ``whisper-base-ar`` preset), word error rate after Whisper's Englis
   the shipped name (``--voice specli-en``, the default) that is synthesize's default (preset specli-en-dflash,
   greedy, the same tokens as specli-en-ar), with a directory the plain AR preset (RAS) unless `--preset` names one.
 
+``--first K`` starts at the K-th held-out sentence (settings are chosen on 100-199, shipped on 0-99). Each
+``--variant`` is scored against ``specli`` on the same sentences (a paired bootstrap's 95% interval of the WER
+difference, sentences better / worse), and ``report.json`` keeps every transcript (``heard``) so that systems of two
+reports can be paired later (``specli.bench.wer.paired_wer_diff``).
+
 Writes ``report.json``, ``README.md`` and ``mel.png`` (piper's and specli's log-mel of one sentence) to
 ``--out``. Not a test; run it by hand on a quiet machine, e.g.
 
     python benchmarks/voice_roundtrip.py --corpus WORK/data --sentences 50 --threads 2 --out docs/benchmarks/voice
     python benchmarks/voice_roundtrip.py --voice CANDIDATE_DIR --corpus WORK/data --sentences 20 --out /tmp/rt
+    python benchmarks/voice_roundtrip.py --corpus WORK/data --first 100 --sentences 100 --threads 1 --skip-copy \
+        --variant "cand=--model CANDIDATE_DIR --preset specli-en-ar" --out /tmp/rt-cand   # a candidate, paired
     python -m scripts.voice roundtrip --work WORK --voice CANDIDATE_DIR --sentences 100   # the build's stage
 """
 
@@ -40,17 +47,20 @@ import torch
 
 from specli.asr.pipeline import transcribe
 from specli.asr.windows import TranscribeOptions
-from specli.bench.wer import ErrorCounts, error_counts
+from specli.bench.wer import ErrorCounts, error_counts, paired_wer_diff
 from specli.tts.acoustic.hifigan import load_hifigan
 
 RATE = 22050
 N_FFT, HOP, FMAX = 1024, 256, 8000.0
 
 
-def heldout(corpus: Path, n: int) -> list[tuple[str, str]]:
-    """``(clip id, text)`` of the first ``n`` held-out sentences."""
+def heldout(corpus: Path, n: int, first: int = 0) -> list[tuple[str, str]]:
+    """``(clip id, text)`` of ``n`` held-out sentences from the ``first``-th (0: the first ``n``)."""
     rows = [line.split("\t")[:2] for line in (corpus / "heldout.tsv").read_text().splitlines() if line.strip()]
-    return [(cid, text) for cid, text in rows[:n]]
+    picked = [(cid, text) for cid, text in rows[first : first + n]]
+    if len(picked) < n:
+        raise SystemExit(f"{corpus / 'heldout.tsv'} has {len(rows)} sentences: {first} + {n} asked for")
+    return picked
 
 
 def griffin_lim(mel_log: torch.Tensor, iterations: int = 64) -> np.ndarray:
@@ -173,16 +183,21 @@ def by_length(per_sentence: list[ErrorCounts]) -> dict[str, dict[str, float]]:
 
 
 def report(args: argparse.Namespace, clips, texts: dict[str, dict[str, str]], extra: dict) -> dict:
-    systems = {}
+    """Scores of every system; each variant against ``specli`` (paired bootstrap over the sentences); every
+    transcript (``heard``: system -> clip id -> text), so that two reports' systems can be paired later."""
+    systems, per_system = {}, {}
     for name, got in texts.items():
-        per_sentence = [error_counts(ref, got.get(cid, ""), "en") for cid, ref in clips]
-        counts = sum(per_sentence, ErrorCounts(0, 0, 0, 0))
+        per_system[name] = [error_counts(ref, got.get(cid, ""), "en") for cid, ref in clips]
+        counts = sum(per_system[name], ErrorCounts(0, 0, 0, 0))
         systems[name] = {"wer": round(counts.wer, 4), "cer": round(counts.cer, 4),
-                         "missing": sum(cid not in got for cid, _ in clips), "by_length": by_length(per_sentence)}
-    return {"voice": args.voice, "sentences": len(clips), "threads": args.threads, "seed": args.seed,
-            "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+                         "missing": sum(cid not in got for cid, _ in clips), "by_length": by_length(per_system[name])}
+    for name in extra.get("variants", {}):
+        systems[name]["vs_specli"] = paired_wer_diff(per_system["specli"], per_system[name])
+    return {"voice": args.voice, "sentences": len(clips), "first": args.first, "threads": args.threads,
+            "seed": args.seed, "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
             "systems": systems, **extra,
-            "examples": [{"ref": text, **{n: texts[n].get(cid, "") for n in texts}} for cid, text in clips[:5]]}
+            "examples": [{"ref": text, **{n: texts[n].get(cid, "") for n in texts}} for cid, text in clips[:5]],
+            "heard": {n: {cid: texts[n].get(cid, "") for cid, _ in clips} for n in texts}}
 
 
 def write_markdown(rep: dict, path: Path) -> None:
@@ -212,6 +227,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=Path, default=Path("data/voice/tokens/tokens.npz"),
                     help="the corpus's committed speech tokens (for the flow-only system)")
     ap.add_argument("--sentences", type=int, default=50)
+    ap.add_argument("--first", type=int, default=0,
+                    help="start at this held-out sentence (e.g. 100: choose settings on sentences the ship set has not)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-copy", action="store_true", help="only piper and specli (no vocoder copies)")
@@ -224,7 +241,7 @@ def main() -> None:
     variants = dict(v.split("=", 1) for v in args.variant)
     if importlib.util.find_spec("matplotlib") is None:  # before minutes of synthesis, not after
         raise SystemExit("voice_roundtrip.py draws mel.png with matplotlib: pip install 'specli[plots]'")
-    clips = heldout(args.corpus, args.sentences)
+    clips = heldout(args.corpus, args.sentences, args.first)
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -42,7 +42,7 @@ from voice_flow_sweep import lm_tokens, piper_mel, scores, transcripts, true_tok
 from voice_roundtrip import heldout  # noqa: E402
 
 from specli.bench.runner import machine_info  # noqa: E402
-from specli.bench.wer import ErrorCounts, error_counts  # noqa: E402
+from specli.bench.wer import ErrorCounts, error_counts, paired_wer_diff  # noqa: E402
 from specli.core.device import cpu_native_bf16  # noqa: E402
 from specli.models.cosyvoice.lm import resolve_cosyvoice  # noqa: E402
 from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt  # noqa: E402
@@ -80,17 +80,6 @@ def per_sentence(clips, got: dict[str, str]) -> list[ErrorCounts]:
     return [error_counts(ref, got.get(cid, ""), "en") for cid, ref in clips]
 
 
-def paired_bootstrap(a: list[ErrorCounts], b: list[ErrorCounts], draws: int = 2000) -> dict:
-    """WER(b) - WER(a) and its 95% interval, resampling sentences with replacement (paired)."""
-    ea, eb = (np.array([[c.word_edits, c.words] for c in x], dtype=np.float64) for x in (a, b))
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, len(a), size=(draws, len(a)))
-    diff = eb[idx, 0].sum(1) / eb[idx, 1].sum(1) - ea[idx, 0].sum(1) / ea[idx, 1].sum(1)
-    point = eb[:, 0].sum() / eb[:, 1].sum() - ea[:, 0].sum() / ea[:, 1].sum()
-    return {"wer_diff": round(float(point), 4), "ci95": [round(float(np.percentile(diff, q)), 4) for q in (2.5, 97.5)],
-            "sentences_changed": int(sum(x != y for x, y in zip(a, b))), "draws": draws}
-
-
 def log_mel_l1(vocalizer: Vocalizer, audio: np.ndarray, ref: torch.Tensor) -> float:
     mel = vocalizer.vocoder.mel(audio)[0]
     n = min(mel.shape[1], ref.shape[1])
@@ -119,8 +108,8 @@ def wer_part(vocalizer: Vocalizer, clips, lengths: dict[str, int], args: argpars
             snr.append(10 * np.log10(np.mean(a32**2) / np.mean((a16 - a32) ** 2)))
         out[source] = {
             **{dtype: scores(clips, got[dtype], lengths) for dtype in DTYPES},
-            "bf16_minus_fp32": paired_bootstrap(per_sentence(clips, got["float32"]),
-                                                per_sentence(clips, got["bfloat16"])),
+            "bf16_minus_fp32": paired_wer_diff(per_sentence(clips, got["float32"]),
+                                               per_sentence(clips, got["bfloat16"])),
             "log_mel_l1_bf16_vs_fp32_audio": round(float(np.mean(l1_dtype)), 4),
             "log_mel_l1_bf16_vs_fp32_audio_max": round(float(np.max(l1_dtype)), 4),
             "log_mel_l1_fp32_audio_vs_input_mel": round(float(np.mean(l1_input)), 4),

@@ -265,3 +265,22 @@ def test_cli_rebuilds_a_report_from_runs(tmp_path):
     done = CliRunner().invoke(main, cmd, catch_exceptions=False)
     assert done.exit_code == 2 and "runs.jsonl:1: not a specli bench record" in done.stderr, done.stderr
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_paired_wer_diff_is_the_difference_with_a_paired_interval() -> None:
+    from specli.bench.wer import ErrorCounts, paired_wer_diff
+
+    a = [ErrorCounts(1, 10, 0, 0), ErrorCounts(0, 5, 0, 0), ErrorCounts(2, 5, 0, 0)] * 10  # 30 utterances, WER 0.15
+    same = paired_wer_diff(a, a)
+    assert same["wer_diff"] == 0 and same["ci95"] == [0, 0] and same["better"] == same["worse"] == 0
+    worse = [ErrorCounts(c.word_edits + 1, c.words, 0, 0) for c in a]  # one more edit everywhere: +30 / 200 words
+    res = paired_wer_diff(a, worse)
+    assert res["wer_diff"] == pytest.approx(30 / 200, abs=1e-4) and res["worse"] == 30 and res["better"] == 0
+    assert 0 < res["ci95"][0] <= res["wer_diff"] <= res["ci95"][1]  # every draw is worse: the interval excludes 0
+    mixed = [ErrorCounts(c.word_edits + (1 if i % 2 else -c.word_edits), c.words, 0, 0) for i, c in enumerate(a)]
+    res = paired_wer_diff(a, mixed)
+    edits = sum(m.word_edits - c.word_edits for m, c in zip(mixed, a, strict=True))
+    assert res["wer_diff"] == pytest.approx(edits / 200, abs=1e-4)
+    assert res["ci95"][0] < res["wer_diff"] < res["ci95"][1] and res["better"] > 0 and res["worse"] > 0
+    with pytest.raises(ValueError, match="equal"):
+        paired_wer_diff(a, a[:-1])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 INSTALL_HINT = "pip install 'specli[bench]'"
@@ -107,3 +107,24 @@ def wer(reference: str, hypothesis: str, language: str | None = None) -> float:
 def cer(reference: str, hypothesis: str, language: str | None = None) -> float:
     """Character error rate of one utterance."""
     return error_counts(reference, hypothesis, language).cer
+
+
+def paired_wer_diff(a: Sequence[ErrorCounts], b: Sequence[ErrorCounts], draws: int = 2000,
+                    seed: int = 0) -> dict:
+    """WER(b) - WER(a) of two systems on the same utterances (``a[i]`` and ``b[i]`` one utterance) and its 95%
+    interval by a paired bootstrap: utterances resampled with replacement, both systems' edits summed over the same
+    draw. ``better`` / ``worse``: utterances with fewer / more word edits in ``b``."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired_wer_diff needs two equal, non-empty lists (got {len(a)} and {len(b)})")
+    import numpy as np
+
+    ea, eb = (np.array([[c.word_edits, c.words] for c in x], dtype=np.float64) for x in (a, b))
+    if not ea[:, 1].sum():
+        raise ValueError("paired_wer_diff: the references have no words")
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(draws, len(a)))  # [draws, utterances]
+    words = np.maximum(ea[idx, 1].sum(1), 1.0)  # a draw of only empty references counts 0 edits / 1 word
+    diff = (eb[idx, 0].sum(1) - ea[idx, 0].sum(1)) / words
+    point = (eb[:, 0].sum() - ea[:, 0].sum()) / ea[:, 1].sum()
+    return {"wer_diff": round(float(point), 4),
+            "ci95": [round(float(np.percentile(diff, q)), 4) for q in (2.5, 97.5)],
+            "better": int((eb[:, 0] < ea[:, 0]).sum()), "worse": int((eb[:, 0] > ea[:, 0]).sum()), "draws": draws}

@@ -247,3 +247,32 @@ def test_a_run_resumes_from_the_checkpoints_earlier_runs_wrote(tmp_path: Path) -
     scratch, opt3 = fresh(3)
     assert restore(tmp_path / "new", scratch, opt3, init) == (0, float("inf"))
     assert torch.equal(scratch.weight, model.weight.half().float())
+
+
+def test_a_weight_average_is_kept_in_checkpoints_and_resumed(tmp_path: Path) -> None:
+    import torch
+
+    from scripts.voice.common import Ema, checkpoint, restore
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ema = Ema(model, 0.75)
+    start = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(4.0)
+    ema.update(model)  # 0.75 * start + 0.25 * (start + 4)
+    assert torch.allclose(ema.model.weight, start + 1.0) and not ema.model.weight.requires_grad
+    checkpoint(tmp_path, model, opt, 10, 0.3, ema)
+    again = torch.nn.Linear(3, 2)
+    ema2 = Ema(again, 0.75)
+    assert restore(tmp_path, again, torch.optim.SGD(again.parameters(), lr=0.1), None, ema2) == (10, 0.3)
+    assert torch.equal(again.weight, model.weight) and torch.equal(ema2.model.weight, ema.model.weight)
+    plain = tmp_path / "plain"
+    checkpoint(plain, model, opt, 5, 0.4)  # a run that kept no average: the average starts at the weights
+    third = torch.nn.Linear(3, 2)
+    ema3 = Ema(third, 0.75)
+    assert restore(plain, third, torch.optim.SGD(third.parameters(), lr=0.1), None, ema3) == (5, 0.4)
+    assert torch.equal(ema3.model.weight, model.weight)
+    with pytest.raises(ValueError, match="decay"):
+        Ema(model, 1.0)

@@ -3,6 +3,7 @@ atomic checkpoints. Paths come from :mod:`scripts.voice.paths`."""
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 from dataclasses import dataclass
@@ -66,24 +67,50 @@ def save(path: Path, payload: dict) -> None:
     write_atomic_with(path, lambda fh: torch.save(payload, fh))
 
 
-def restore(run: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, init: Path | None) -> tuple[int, float]:
-    """``(step, best held-out value)`` of a run: its latest checkpoint's (model and optimiser restored), else 0 and
-    inf, from ``init`` weights when given (a shipped voice's float16 file with the official keys), else from scratch."""
+class Ema:
+    """An exponential moving average of a model's weights (Polyak averaging): after each optimiser step
+    ``avg = decay * avg + (1 - decay) * weights``; ``model`` is the averaged copy (eval mode, no gradients)."""
+
+    def __init__(self, model: torch.nn.Module, decay: float) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"EMA decay {decay}: in (0, 1)")
+        self.decay = decay  # weight of the average at each step (0.999: ~1,000 steps' memory)
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        avg, now = list(self.model.parameters()), list(model.parameters())
+        torch._foreach_lerp_(avg, now, 1.0 - self.decay)
+        for a, b in zip(self.model.buffers(), model.buffers(), strict=True):
+            a.copy_(b)
+
+
+def restore(run: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, init: Path | None,
+            ema: Ema | None = None) -> tuple[int, float]:
+    """``(step, best held-out value)`` of a run: its latest checkpoint's (model, optimiser and ``ema`` restored; a
+    checkpoint without an average starts it at the weights), else 0 and inf, from ``init`` weights when given (a
+    shipped voice's float16 file with the official keys), else from scratch."""
     found = sorted((run / "checkpoints").glob("ckpt-*.pt"))
+    step, best = 0, float("inf")
     if found:
         state = torch.load(found[-1], weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
-        return state["step"], state["best"]
-    if init is not None:
+        step, best = state["step"], state["best"]
+    elif init is not None:
         model.load_state_dict({k: v.float() for k, v in torch.load(init, weights_only=True).items()})
         log(f"initialised from {init}")
-    return 0, float("inf")
+    if ema is not None:
+        ema.model.load_state_dict(state["ema"] if found and "ema" in state else model.state_dict())
+    return step, best
 
 
-def checkpoint(run: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, best: float) -> None:
-    """``<run>/checkpoints/ckpt-<step>.pt`` (model, optimiser, step, best), the two latest kept."""
+def checkpoint(run: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, best: float,
+               ema: Ema | None = None) -> None:
+    """``<run>/checkpoints/ckpt-<step>.pt`` (model, optimiser, step, best, the average when kept), the two latest
+    kept."""
     save(run / "checkpoints" / f"ckpt-{step:08d}.pt",
-         {"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "best": best})
+         {"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "best": best,
+          **({"ema": ema.model.state_dict()} if ema is not None else {})})
     for old in sorted((run / "checkpoints").glob("ckpt-*.pt"))[:-2]:
         old.unlink()

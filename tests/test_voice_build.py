@@ -276,3 +276,16 @@ def test_a_weight_average_is_kept_in_checkpoints_and_resumed(tmp_path: Path) -> 
     assert torch.equal(ema3.model.weight, model.weight)
     with pytest.raises(ValueError, match="decay"):
         Ema(model, 1.0)
+
+
+def test_a_partial_corpus_build_never_shrinks_the_committed_sentence_list(tmp_path: Path) -> None:
+    from scripts.voice.corpus.piper import write_sha1_list
+
+    path = tmp_path / "sentences.sha1"
+    rows = lambda *keys: [(k, "text", 1) for k in keys]  # noqa: E731 - (sha1, text, samples) as the build has them
+    assert write_sha1_list(path, rows("a"), rows("b", "c"))  # a first build writes
+    assert path.read_text() == "a heldout\nb train\nc train\n"
+    assert not write_sha1_list(path, rows("a"), rows("b"))  # --hours on a fresh machine: fewer sentences, kept
+    assert path.read_text() == "a heldout\nb train\nc train\n"
+    assert write_sha1_list(path, rows("a"), rows("b", "c", "d"))  # a larger build adds
+    assert path.read_text().splitlines()[-1] == "d train"

@@ -413,9 +413,15 @@ def build_manifest(args: argparse.Namespace, fp: dict, sel: Selection, store: St
 
 
 def write_sha1_list(path: Path, heldout: list[tuple[str, str, int]],
-                    train: list[tuple[str, str, int]]) -> None:
+                    train: list[tuple[str, str, int]]) -> bool:
+    """The committed '<sha1> <split>' lines of this corpus, written only when they keep every line ``path`` has:
+    a smaller build (``--hours`` on a fresh machine) never shrinks the record of the corpus the committed tokens
+    came from. False when kept as it was."""
     lines = sorted([f"{r[0]} heldout" for r in heldout] + [f"{r[0]} train" for r in train])
+    if path.is_file() and not set(path.read_text(encoding="utf-8").splitlines()) <= set(lines):
+        return False
     write_atomic(path, "\n".join(lines) + "\n")
+    return True
 
 
 def verify(piper: Piper, out: Path, n: int) -> int:
@@ -494,8 +500,10 @@ def build(args: argparse.Namespace, piper: Piper) -> None:
     manifest = build_manifest(args, fp, sel, store, heldout, train)
     write_atomic(args.out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     if args.limit is None and not args.heldout_only:
-        write_sha1_list(args.sha1_list, heldout, train)
-        log(f"wrote {args.sha1_list}")
+        if write_sha1_list(args.sha1_list, heldout, train):
+            log(f"wrote {args.sha1_list}")
+        else:
+            log(f"kept {args.sha1_list}: it lists sentences this build has not made (a partial build)")
     wall = hprog.wall + tprog.wall
     made = hprog.made_seconds + tprog.made_seconds
     log(f"done: {len(train)} train sentences, {manifest['hours']['train']:.3f} h; "

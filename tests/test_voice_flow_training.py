@@ -13,6 +13,7 @@ import pytest
 import torch
 from flow_fixtures import TINY_FLOW_YAML
 
+from specli.errors import ModelLoadError
 from specli.models.cosyvoice.yaml import read_hyperpyyaml
 from specli.tts.acoustic.cfm import CFMSettings
 from specli.tts.acoustic.flow import flow_config
@@ -109,6 +110,9 @@ def test_official_yaml_keeps_ten_steps_and_the_voice_key_is_read(tmp_path: Path)
     assert "n_timesteps" in assemble.with_cfm_keys(shipped.read_text(encoding="utf-8"), 2, None)
     with pytest.raises(ValueError, match="at least one"):
         assemble.with_cfm_keys(TINY_FLOW_YAML, 0, None)
+    for bad in ("2.5", "true", "two"):  # never truncated or guessed
+        with pytest.raises(ModelLoadError, match="n_timesteps must be a whole number"):
+            cfm_of(voice.replace("n_timesteps: 1", f"n_timesteps: {bad}"))
 
 
 def test_assemble_writes_the_shipped_yaml_and_names_the_ratio_key_only_with_a_lexicon() -> None:

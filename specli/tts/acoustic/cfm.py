@@ -74,7 +74,10 @@ class CFMSettings:
             raise ValueError(f"cfm solver {solver!r} is not supported (euler)")
         # n_timesteps is specli's own optional key (upstream's flow.inference passes 10 and never reads it): a voice
         # trained to decode in fewer steps says so in its yaml; official yamls lack it and keep 10
-        return cls(n_timesteps=int(content.get("n_timesteps", 10)),
+        steps = content.get("n_timesteps", 10)
+        if isinstance(steps, bool) or not isinstance(steps, int):  # int(2.5) would be 2 steps, silently
+            raise ValueError(f"cfm_params n_timesteps must be a whole number of Euler steps, got {steps!r}")
+        return cls(n_timesteps=steps,
                    inference_cfg_rate=float(content.get("inference_cfg_rate", 0.7)),
                    t_scheduler=content.get("t_scheduler", "cosine"))
 

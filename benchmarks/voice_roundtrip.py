@@ -14,6 +14,7 @@ English, the ``whisper-base-ar`` preset), word error rate after Whisper's Englis
   the shipped name (``--voice specli-en``, the default) that is synthesize's default (preset specli-en-dflash,
   greedy, the same tokens as specli-en-ar), with a directory the plain AR preset (RAS) unless `--preset` names one.
 
+Each ``--flow-variant NAME=VOICE`` puts another voice's flow on the same true tokens, scored against ``flow``.
 ``--first K`` starts at the K-th held-out sentence (settings are chosen on 100-199, shipped on 0-99). Each
 ``--variant`` is scored against ``specli`` on the same sentences (a paired bootstrap's 95% interval of the WER
 difference, sentences better / worse), and ``report.json`` keeps every transcript (``heard``) so that systems of two
@@ -100,13 +101,14 @@ def copy_synthesis(corpus: Path, clips: list[tuple[str, str]], out: Path) -> dic
     return seconds
 
 
-def flow_from_tokens(voice: str, clips: list[tuple[str, str]], out: Path, tokens: Path, seed: int) -> float:
-    """The voice's flow + vocoder on each clip's committed speech tokens -> ``out/flow``; seconds spent."""
+def flow_from_tokens(voice: str, clips: list[tuple[str, str]], out: Path, tokens: Path, seed: int,
+                     name: str = "flow") -> float:
+    """The voice's flow + vocoder on each clip's committed speech tokens -> ``out/name``; seconds spent."""
     from specli.models.cosyvoice.lm import resolve_cosyvoice
     from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt
 
     vocalizer = Vocalizer.from_dir(resolve_cosyvoice(voice), "cosyvoice3")
-    (out / "flow").mkdir(parents=True, exist_ok=True)
+    (out / name).mkdir(parents=True, exist_ok=True)
     with np.load(tokens) as z:
         where = {str(cid): i for i, cid in enumerate(z["ids"])}
         offsets, codes = z["offsets"], z["tokens"]
@@ -116,7 +118,7 @@ def flow_from_tokens(voice: str, clips: list[tuple[str, str]], out: Path, tokens
         ids = [int(t) for t in codes[offsets[i] : offsets[i + 1]]]
         res = vocalizer.render(ids, VoicePrompt.none(), torch.Generator().manual_seed(seed))
         seconds += res.flow_seconds + res.vocoder_seconds
-        sf.write(out / "flow" / f"{cid}.wav", res.audio, res.sample_rate)
+        sf.write(out / name / f"{cid}.wav", res.audio, res.sample_rate)
     return seconds
 
 
@@ -193,6 +195,8 @@ def report(args: argparse.Namespace, clips, texts: dict[str, dict[str, str]], ex
                          "missing": sum(cid not in got for cid, _ in clips), "by_length": by_length(per_system[name])}
     for name in extra.get("variants", {}):
         systems[name]["vs_specli"] = paired_wer_diff(per_system["specli"], per_system[name])
+    for name in extra.get("flow_variants", {}):
+        systems[name]["vs_flow"] = paired_wer_diff(per_system["flow"], per_system[name])
     return {"voice": args.voice, "sentences": len(clips), "first": args.first, "threads": args.threads,
             "seed": args.seed, "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
             "systems": systems, **extra,
@@ -234,11 +238,15 @@ def main() -> None:
     ap.add_argument("--skip-copy", action="store_true", help="only piper and specli (no vocoder copies)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
                     help="another specli system with these synthesize options, e.g. 'greedy=--sampler greedy'")
+    ap.add_argument("--flow-variant", action="append", default=[], metavar="NAME=VOICE",
+                    help="another voice's flow + vocoder on the same true tokens, scored against flow (e.g. the "
+                    "shipped flow beside a candidate's)")
     ap.add_argument("--preset", help="the specli system's preset (default: synthesize's for --voice), e.g. "
                     "specli-en-ar to measure a candidate directory as the shipped default would run it")
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks/voice"))
     args = ap.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant)
+    flow_variants = dict(v.split("=", 1) for v in args.flow_variant)
     if importlib.util.find_spec("matplotlib") is None:  # before minutes of synthesis, not after
         raise SystemExit("voice_roundtrip.py draws mel.png with matplotlib: pip install 'specli[plots]'")
     clips = heldout(args.corpus, args.sentences, args.first)
@@ -254,13 +262,16 @@ def main() -> None:
         if not args.skip_copy:
             extra["copy_seconds"] = copy_synthesis(args.corpus, clips, work)
         extra["flow_seconds"] = flow_from_tokens(args.voice, clips, work, args.tokens, args.seed)
+        for name, voice in flow_variants.items():
+            flow_from_tokens(voice, clips, work, args.tokens, args.seed, name)
+        extra["flow_variants"] = flow_variants
         records = speak(args.voice, clips, work, args.threads, args.seed,
                         options=("--preset", args.preset) if args.preset else ())
         extra["rtf"] = stage_rtf(records)
         for name, options in variants.items():
             speak(args.voice, clips, work, args.threads, args.seed, name, tuple(options.split()))
         extra["variants"] = variants
-        names = ["piper", "flow", "specli", *variants] + ([] if args.skip_copy else ["hifigan-copy", "griffin-lim"])
+        names = ["piper", "flow", *flow_variants, "specli", *variants] + ([] if args.skip_copy else ["hifigan-copy", "griffin-lim"])
         texts = {name: heard(work / name, args.threads) for name in names}
         mel_picture(piper / f"{clips[0][0]}.wav", work / "specli" / f"{clips[0][0]}.wav", clips[0][1],
                     args.out / "mel.png")

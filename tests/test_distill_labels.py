@@ -128,6 +128,16 @@ def test_shards_without_spans_cannot_be_exported(labelled, tmp_path):
     assert "made before labels were kept" in res.output and not (tmp_path / "l.jsonl").exists()
 
 
+def _within_one_timestamp_step(got: list[list[int]], want: list[list[int]]) -> bool:
+    """The same windows of the same tokens, but that a timestamp token (>= <|0.00|>) may be one 20-ms step away
+    from the label's."""
+    return len(got) == len(want) and all(
+        len(g) == len(w) and all(a == b or (min(a, b) >= TIMESTAMP_BEGIN and abs(a - b) == 1)
+                                 for a, b in zip(g, w, strict=True))
+        for g, w in zip(got, want, strict=True))
+
+
+TIMESTAMP_BEGIN = 50363  # <|0.00|> of the English-only Whisper vocabulary (tiny.en)
 COMMITTED = Path(__file__).resolve().parent.parent / "data" / "labels" / "tiny.en" / \
     "train__asterisk-en.transcribe.ts.jsonl"
 ASTERISK_EN = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
@@ -157,7 +167,9 @@ def test_committed_labels_rebuild_from_regenerated_audio_and_stay_on_policy(tmp_
     # the labels were made in bf16 through oneDNN's AVX-512 BF16 kernels (a Zen 4): a CPU without native bf16, or
     # one with AMX (whose tile kernels oneDNN prefers: another summation order), rounds otherwise, and a near-tie
     # may move a timestamp pair (seen on an AVX2 machine: one more segment boundary; on a Sapphire Rapids Xeon: a
-    # timestamp one 20-ms step earlier); there the words must still be the labelled ones
+    # timestamp one 20-ms step earlier); there the words must still be the labelled ones. Even AVX-512 BF16 without
+    # AMX is not one kernel everywhere (a Zen 5 rounds otherwise than the Zen 4: a timestamp pair one step later):
+    # there every token must be the label's but a timestamp, which may be one 20-ms step away
     amx = "amx_bf16" in cpu_flags(CPUINFO.read_text(encoding="utf-8", errors="replace"))
     same_kernels = header["dtype"] != "bfloat16" or (bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) and not amx)
     for entry in entries[:2]:
@@ -165,7 +177,7 @@ def test_committed_labels_rebuild_from_regenerated_audio_and_stay_on_policy(tmp_
         assert [r["tokens"].tolist() for r in rebuilt[entry["audio"]]] == labelled
         relabelled = [r["tokens"].tolist() for r in again[Path(entry["audio"]).name]]
         if same_kernels:
-            assert relabelled == labelled
+            assert _within_one_timestamp_step(relabelled, labelled)
         else:
             words = lambda windows: [[t for t in w if t < 50256] for w in windows]  # noqa: E731 (text tokens)
             assert words(relabelled) == words(labelled)

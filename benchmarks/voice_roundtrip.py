@@ -232,7 +232,8 @@ def main() -> None:
                     help="the corpus's committed speech tokens (for the flow-only system)")
     ap.add_argument("--sentences", type=int, default=50)
     ap.add_argument("--first", type=int, default=0,
-                    help="start at this held-out sentence (e.g. 100: choose settings on sentences the ship set has not)")
+                    help="start at this held-out sentence (e.g. 100: choose settings on sentences the ship set "
+                    "has not)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-copy", action="store_true", help="only piper and specli (no vocoder copies)")
@@ -271,7 +272,8 @@ def main() -> None:
         for name, options in variants.items():
             speak(args.voice, clips, work, args.threads, args.seed, name, tuple(options.split()))
         extra["variants"] = variants
-        names = ["piper", "flow", *flow_variants, "specli", *variants] + ([] if args.skip_copy else ["hifigan-copy", "griffin-lim"])
+        copies = [] if args.skip_copy else ["hifigan-copy", "griffin-lim"]
+        names = ["piper", "flow", *flow_variants, "specli", *variants, *copies]
         texts = {name: heard(work / name, args.threads) for name in names}
         mel_picture(piper / f"{clips[0][0]}.wav", work / "specli" / f"{clips[0][0]}.wav", clips[0][1],
                     args.out / "mel.png")

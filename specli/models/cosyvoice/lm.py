@@ -29,7 +29,7 @@ from specli.models.cosyvoice.layout import (InputLayout, ModelKind, RasSettings,
                                            vllm_layout)
 from specli.models.cosyvoice.text import CosyVoiceTokenizer
 from specli.models.cosyvoice.voices import SUMS, SHIPPED_VOICES, shipped_voice, verify_voice
-from specli.models.cosyvoice.yaml import Tagged, read_hyperpyyaml
+from specli.models.cosyvoice.yaml import Tagged, read_hyperpyyaml, whole_number
 from specli.models.layers import Linear
 from specli.models.qwen2 import Qwen2Dims, Qwen2State, Qwen2Target
 from specli.core.types import ScoreOutput, TargetParts
@@ -146,18 +146,11 @@ def read_spec(yaml_path: Path) -> SpeechLMSpec:
             known = {k: sampling.value[k] for k in ("top_p", "top_k", "win_size", "tau_r") if k in sampling.value}
             ras = RasSettings(**known)
         ratios = {k: float(cfg[k]) for k in ("min_token_text_ratio", "max_token_text_ratio") if k in cfg}
-        pieces = _whole(cfg["max_piece_words"], "max_piece_words") if "max_piece_words" in cfg else 0
+        pieces = whole_number(cfg["max_piece_words"], "max_piece_words") if "max_piece_words" in cfg else 0
         return SpeechLMSpec(kind, int(llm.get("speech_token_size", 6561)), ras=ras, max_piece_words=pieces,
                             **ratios)
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"{yaml_path}: unusable llm settings: {exc}") from exc
-
-
-def _whole(value: object, key: str) -> int:
-    """A yaml value that must be a whole number (``int("10.5")`` and ``int(True)`` would pass silently)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{key} must be a whole number, got {value!r}")
-    return value
 
 
 def _required(path: Path) -> list[str]:

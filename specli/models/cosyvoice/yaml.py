@@ -144,3 +144,11 @@ def _arith(node: ast.AST, values: list[Any], expr: str) -> Any:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_arith(node.operand, values, expr)
     raise ValueError(f"!ref {expr!r}: only numbers, references and arithmetic are supported")
+
+
+def whole_number(value: object, key: str) -> int:
+    """A yaml value that must be a whole number (``int(2.5)`` and ``int(True)`` would pass silently); ValueError
+    naming ``key`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be a whole number, got {value!r}")
+    return value

@@ -23,6 +23,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from specli.models.cosyvoice.yaml import whole_number
+
 __all__ = ["CFMSettings", "SILENT_TOKENS_CV3", "attention_mask", "chunk_attention_mask", "drop_silent_runs",
            "fixed_noise", "solve_cfm", "timestep_sinusoid", "yaml_args"]
 
@@ -74,10 +76,7 @@ class CFMSettings:
             raise ValueError(f"cfm solver {solver!r} is not supported (euler)")
         # n_timesteps is specli's own optional key (upstream's flow.inference passes 10 and never reads it): a voice
         # trained to decode in fewer steps says so in its yaml; official yamls lack it and keep 10
-        steps = content.get("n_timesteps", 10)
-        if isinstance(steps, bool) or not isinstance(steps, int):  # int(2.5) would be 2 steps, silently
-            raise ValueError(f"cfm_params n_timesteps must be a whole number of Euler steps, got {steps!r}")
-        return cls(n_timesteps=steps,
+        return cls(n_timesteps=whole_number(content.get("n_timesteps", 10), "cfm_params n_timesteps"),
                    inference_cfg_rate=float(content.get("inference_cfg_rate", 0.7)),
                    t_scheduler=content.get("t_scheduler", "cosine"))
 

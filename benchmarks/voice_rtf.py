@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.voice.corpus import piper as piper_corpus  # noqa: E402
+from specli.bench.runner import machine_info  # noqa: E402
 from voice_roundtrip import heldout  # noqa: E402
 
 STAGES = ("llm", "flow", "vocoder", "total")
@@ -65,7 +66,7 @@ def main() -> None:
     texts = [text for _cid, text in heldout(args.corpus, args.sentences)]
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict = {"sentences": len(texts), "threads": args.threads, "vocoder_dtype": args.vocoder_dtype or "auto",
-                    "runs": []}
+                    "machine": machine_info(args.threads), "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         lines = Path(tmp) / "lines.txt"
         lines.write_text("\n".join(texts) + "\n", encoding="utf-8")

@@ -156,7 +156,8 @@ def test_references_sidecar_and_manifest(tmp_path):
 def test_render_markdown_and_files(tmp_path):
     runs = [run("base-ar", "a"), run("base-spec", "a", steps=5, attempts=[5, 3], accepts=[3, 1], wall=0.5)]
     rep = build_report([AR, SPEC], "base-ar", runs, references={"a": "hello world"})
-    rep["machine"] = {"cpu": "test cpu", "cpu_count": 2, "threads": 2, "platform": "x", "versions": {"torch": "1"},
+    rep["machine"] = {"cpu": "test cpu", "cpu_id": "family 26 model 2", "cpu_features": ["avx2", "avx512_bf16"],
+                      "cpu_count": 2, "threads": 2, "platform": "x", "versions": {"torch": "1"},
                       "loadavg_before": [1.0, 1.0, 1.0], "loadavg_after": None}
     rep["run"] = {"command": "specli bench a", "date": "d", "elapsed_seconds": 1.0, "inputs": ["a"],
                   "input_errors": [], "references": "sidecar", "references_found": 1,
@@ -165,6 +166,7 @@ def test_render_markdown_and_files(tmp_path):
     assert "| base-spec | `base-ar` | tokens | 1/1 | - |" in md
     assert "| base-spec | 0.60 (5) | 0.33 (3) |" in md
     assert "2.00x" in md
+    assert "- machine: test cpu (family 26 model 2; avx2, avx512_bf16) (2 cores), 2 threads; x" in md
     written = write_report(rep, tmp_path / "out", plots=False)
     assert [p.name for p in written] == ["report.json", "report.md"]
     assert json.loads(written[0].read_text())["baseline"] == "base-ar"
@@ -284,3 +286,15 @@ def test_paired_wer_diff_is_the_difference_with_a_paired_interval() -> None:
     assert res["ci95"][0] < res["wer_diff"] < res["ci95"][1] and res["better"] > 0 and res["worse"] > 0
     with pytest.raises(ValueError, match="equal"):
         paired_wer_diff(a, a[:-1])
+
+
+def test_the_machine_names_its_cpu_family_and_the_features_that_change_its_figures():
+    from specli.bench.runner import cpu_description
+
+    zen5 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+            "flags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n\nprocessor\t: 1\nmodel name\t: other\n")
+    assert cpu_description(zen5, "x86_64") == {"cpu": "AMD EPYC", "cpu_id": "family 26 model 2",
+                                              "cpu_features": ["avx2", "avx512f", "avx512_bf16", "avx512_vnni"]}
+    arm = "processor\t: 0\nFeatures\t: fp asimd\nCPU implementer\t: 0x41\n"
+    assert cpu_description(arm, "aarch64") == {"cpu": "aarch64", "cpu_id": None, "cpu_features": []}
+    assert cpu_description("", "x86_64") == {"cpu": "x86_64", "cpu_id": None, "cpu_features": []}

@@ -38,11 +38,17 @@ def machine_lines(report: dict) -> list[str]:
     return [
         f"- date: {r['date']}; elapsed {fmt(r['elapsed_seconds'], 1)} s",
         f"- command: `{r['command']}`",
-        f"- machine: {m['cpu']} ({m['cpu_count']} cores), {m['threads']} threads; {m['platform']}",
+        f"- machine: {m['cpu']}{_cpu_detail(m)} ({m['cpu_count']} cores), {m['threads']} threads; {m['platform']}",
         f"- load average (1/5/15 min) before: {m['loadavg_before']}, after: {m['loadavg_after']}",
         f"- versions: {v}",
         *_process_lines(m.get("processes")),
     ]
+
+
+def _cpu_detail(m: dict) -> str:
+    """`` (family 26 model 2; avx2, avx512_bf16)``: reports made before these fields have none."""
+    parts = [p for p in (m.get("cpu_id"), ", ".join(m.get("cpu_features") or ())) if p]
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _process_lines(processes: dict | None) -> list[str]:

@@ -36,7 +36,7 @@ from specli.bench.references import load_references
 from specli.bench.report import Bins, Run, Skip, SystemInfo, build_report
 from specli.bench.runlog import RunLog, read_runlog
 from specli.models.speech import DecodingOptions
-from specli.core.device import dtype_name
+from specli.core.device import cpu_flags, dtype_name
 from specli.core.threads import torch_threads
 from specli.asr.strategies import build_decoder
 from specli.models.registry import family
@@ -279,16 +279,30 @@ def read_loadavg() -> list[float] | None:
         return None
 
 
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")  # what makes this CPU's figures differ
+
+
+def cpu_description(cpuinfo: str, fallback: str) -> dict:
+    """The first processor of ``cpuinfo`` (Linux's /proc/cpuinfo text; empty: ``fallback`` names it): its model
+    name, ``family F model M`` (None where the file has no family, e.g. ARM) and which of ``CPU_FEATURES`` it has."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            break  # the first processor's block ends at its blank line
+        fields.setdefault(key.strip(), value.strip())
+    flags = cpu_flags(cpuinfo)
+    family = f"family {fields['cpu family']} model {fields.get('model', '?')}" if "cpu family" in fields else None
+    return {"cpu": fields.get("model name", fallback), "cpu_id": family,
+            "cpu_features": [f for f in CPU_FEATURES if f in flags]}
+
+
 def machine_info(threads: int | None) -> dict:
-    """CPU model, core count, threads and library versions, for report.json."""
-    cpu = platform.processor() or platform.machine()
+    """CPU (:func:`cpu_description`), core count, threads and library versions, for report.json."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
+        text = ""
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "transformers": transformers.__version__, "specli": specli_version}
     for pkg, dist in (("faster_whisper", "faster-whisper"), ("ctranslate2", "ctranslate2")):
@@ -297,7 +311,7 @@ def machine_info(threads: int | None) -> dict:
         except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "threads": threads or torch.get_num_threads(),
+    return {**cpu_description(text, platform.processor() or platform.machine()), "cpu_count": os.cpu_count(), "threads": threads or torch.get_num_threads(),
             "platform": platform.platform(), "versions": versions, "gpu": gpu, "cuda": torch.version.cuda}
 
 

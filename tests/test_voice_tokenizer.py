@@ -112,3 +112,24 @@ def test_exported_onnx_follows_frontend_contract(tmp_path, quant):
             ref = graph(mel, torch.tensor([mel.shape[2]], dtype=torch.int32)).long()
         agree = (ref == tokens).float().mean().item()
         assert agree == 1.0 if quant == "none" else agree > 0.8
+
+
+def test_the_phoneme_cache_is_rewritten_whole_so_two_fillers_leave_whole_lines(tmp_path, monkeypatch):
+    from scripts.voice.tokenizer import data as D
+
+    cache = tmp_path / "phonemes.tsv"
+
+    def ipa(text: str) -> str:  # espeak is not the subject; another run adds its line while this one works
+        if not (cache.is_file() and "0000000000ff" in cache.read_text(encoding="utf-8")):
+            with cache.open("a", encoding="utf-8") as fh:
+                fh.write("0000000000ff\tlater\n")
+        return text.lower().replace(" ", "ˈ")
+
+    monkeypatch.setattr(D, "espeak_ipa", ipa)
+    clips = [D.Clip(f"{i:012x}", f"Line {i} here", "train", 1.0) for i in range(5)]
+    first = D.phonemize(clips[:3], cache)
+    assert first == {c.id: c.text.lower().replace(" ", "ˈ") for c in clips[:3]}
+    assert D.read_phonemes(cache) == {**first, "0000000000ff": "later"}  # the other run's line kept
+    both = D.phonemize(clips, cache)  # two more; the three known are not redone
+    assert set(both) == {c.id for c in clips} | {"0000000000ff"}
+    assert D.read_phonemes(cache) == both and all("\t" in ln for ln in cache.read_text(encoding="utf-8").splitlines())

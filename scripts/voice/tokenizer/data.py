@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specli.io.atomic import write_atomic
+
 from ..common import log
 from ..corpus import sentences
 from .graph import MEL_FRAMES_PER_TOKEN, RATE_22K, TOKEN_HOP_22K
@@ -124,21 +126,30 @@ def phone_symbols(ipa: str) -> list[str]:
     return list(STRESS.sub("", ipa))
 
 
-def phonemize(clips: list[Clip], cache: Path) -> dict[str, str]:
-    """id -> IPA for every clip, cached in ``cache`` (id<TAB>ipa lines, appended as computed)."""
+def read_phonemes(cache: Path) -> dict[str, str]:
+    """``cache``'s id -> IPA (id<TAB>ipa lines); none when it is not there."""
     known: dict[str, str] = {}
     if cache.is_file():
         for ln in cache.read_text(encoding="utf-8").splitlines():
-            k, _, v = ln.partition("\t")
-            known[k] = v
+            k, sep, v = ln.partition("\t")
+            if sep:
+                known[k] = v
+    return known
+
+
+def phonemize(clips: list[Clip], cache: Path) -> dict[str, str]:
+    """id -> IPA for every clip, cached in ``cache``: the sentences not there are phonemized, then the file is
+    rewritten whole and atomically with what it holds by then (two runs filling it at once both leave whole lines)."""
+    known = read_phonemes(cache)
     todo = [c for c in clips if c.id not in known]
     if todo:
         log(f"phonemize: {len(todo)} sentences with espeak-ng")
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        with cache.open("a", encoding="utf-8") as f:
-            for i, c in enumerate(todo):
-                known[c.id] = espeak_ipa(c.text)
-                f.write(f"{c.id}\t{known[c.id]}\n")
-                if (i + 1) % 2000 == 0:
-                    log(f"phonemize: {i + 1}/{len(todo)}")
+        new = {}
+        for i, c in enumerate(todo):
+            new[c.id] = espeak_ipa(c.text)
+            if (i + 1) % 2000 == 0:
+                log(f"phonemize: {i + 1}/{len(todo)}")
+        merged = {**read_phonemes(cache), **new}
+        write_atomic(cache, "".join(f"{k}\t{v}\n" for k, v in sorted(merged.items())))
+        known.update(new)
     return known

@@ -126,3 +126,21 @@ def test_assemble_writes_the_shipped_yaml_and_names_the_ratio_key_only_with_a_le
     assert assemble.with_cfm_keys(phonemes, 1, 0.0) == shipped.read_text(encoding="utf-8")
     text = assemble.voice_yaml(256, 729, 256, dit, phonemes=False)
     assert "min_token_text_ratio" not in text and "# max_piece_words.\n" in text
+
+
+def test_validation_clips_stay_out_of_the_round_trips_sentences(tmp_path: Path) -> None:
+    corpus = tmp_path / "data"
+    corpus.mkdir()
+    rows = [f"{i:012x}\tSentence {i}.\t1.0" for i in range(300, 0, -1)]  # file order is not id order
+    (corpus / "heldout.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    T.add_arguments(ap)
+    args = ap.parse_args([])
+    args.corpus = corpus
+    ids = T.validation_ids(args)
+    assert ids == [f"{i:012x}" for i in range(100, 0, -1)]  # file order 200-299: never a ship / selection sentence
+    args.val_first, args.val_clips = 250, 100
+    with pytest.raises(SystemExit, match="no 100 held-out clips from the 250-th"):
+        T.validation_ids(args)

@@ -52,7 +52,7 @@ from specli.tts.acoustic.cfm import CFMSettings, fixed_noise
 from specli.tts.acoustic.features import prompt_mel
 from specli.tts.acoustic.flow_cv3 import DiTConfig, FlowCV3, FlowCV3Config
 
-from .common import Ema, checkpoint, log, lr_at, restore, save, update, wav_path
+from .common import Ema, checkpoint, clips, log, lr_at, restore, save, update, wav_path
 from .tokenizer.tokens import speech_tokens
 
 RATIO = 4  # mel frames per speech token
@@ -92,15 +92,16 @@ def clip_mel(wav: Path) -> np.ndarray:
     return prompt_mel(audio, 8000.0, n_fft=1024, hop=HOP, sample_rate=22050)[0].T.numpy()
 
 
-def pairs(split: str, cache: Path, corpus: Path, tokens_npz: Path,
-          allow_missing: bool = False) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+def pairs(split: str, cache: Path, corpus: Path, tokens_npz: Path, allow_missing: bool = False,
+          ids: list[str] | None = None) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     """``(tokens [n], mel [4 n, 80] float16)`` of every clip of the committed speech tokens' (``tokens_npz``)
-    ``split`` (mels of the ``corpus`` wavs cached in ``cache``), in id order, and how many were left out because the
-    corpus has no wav of them yet (only with ``allow_missing``: a corpus still being built)."""
+    ``split`` (mels of the ``corpus`` wavs cached in ``cache``), in id order (only ``ids``, in their order, when
+    given), and how many were left out because the corpus has no wav of them yet (only with ``allow_missing``: a
+    corpus still being built)."""
     tokens = speech_tokens(split, tokens_npz)
     cache.mkdir(parents=True, exist_ok=True)
     out, missing = [], 0
-    for cid in sorted(tokens):
+    for cid in sorted(tokens) if ids is None else ids:
         codes, path = tokens[cid], cache / f"{cid}.npy"
         if not path.is_file():
             wav = wav_path(cid, corpus)
@@ -201,6 +202,16 @@ def held_out(flow: FlowCV3, data, batch: int, bf16: bool) -> dict[str, float]:
     return {"cfm": cfm_sum / frames, "l1": l1_sum / frames}
 
 
+def validation_ids(args: argparse.Namespace) -> list[str]:
+    """The held-out clips validation scores: ``--val-clips`` from the ``--val-first``-th in the corpus's file
+    order. Its default (200) keeps them out of the sentences the round trip decides on (file order 0-99 ship,
+    100-199 selection: ``benchmarks/voice_roundtrip.py --first``)."""
+    ids = [c.id for c in clips("heldout", args.corpus)][args.val_first : args.val_first + args.val_clips]
+    if len(ids) < args.val_clips:
+        raise SystemExit(f"error: the corpus has no {args.val_clips} held-out clips from the {args.val_first}-th")
+    return ids
+
+
 def recipe_of(args: argparse.Namespace) -> Recipe:
     frac = args.reg_frac if args.objective == "mix" else OBJECTIVES[args.objective]
     return Recipe(frac, args.reg_loss, args.prompt_prob, args.cfg_dropout)
@@ -216,7 +227,7 @@ def train(args: argparse.Namespace) -> None:
     step, best = restore(args.run, flow, opt, args.init, ema)  # a new run starts from the voice's flow.pt (--init)
     judged = ema.model if ema else flow  # what validation scores and best.pt keeps
     train_data, missing = pairs("train", args.run / "mels", args.corpus, args.tokens, args.allow_missing)
-    val_data = pairs("heldout", args.run / "mels", args.corpus, args.tokens)[0][: args.val_clips]
+    val_data = pairs("heldout", args.run / "mels", args.corpus, args.tokens, ids=validation_ids(args))[0]
     order = sorted(range(len(train_data)), key=lambda i: len(train_data[i][0]))
     bf16 = args.bf16 and cpu_native_bf16()
     log(f"flow {asdict(cfg.dit)} ({sum(p.numel() for p in flow.parameters()) / 1e6:.1f}M params), "
@@ -283,7 +294,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--streaming", type=float, default=0.0,
                     help="probability of chunk-causal attention (upstream 0.5; specli never streams)")
     ap.add_argument("--val-every", type=int, default=250)
-    ap.add_argument("--val-clips", type=int, default=100, help="held-out clips validated (first in id order)")
+    ap.add_argument("--val-clips", type=int, default=100, help="held-out clips validated")
+    ap.add_argument("--val-first", type=int, default=200,
+                    help="the first validated clip in held-out file order (0-199: the round trip's sentences)")
     ap.add_argument("--allow-missing", action="store_true",
                     help="train on the clips whose wav exists while the corpus is built; more join at each validation")
     ap.add_argument("--log-every", type=int, default=50)

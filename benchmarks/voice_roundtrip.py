@@ -14,7 +14,8 @@ English, the ``whisper-base-ar`` preset), word error rate after Whisper's Englis
   the shipped name (``--voice specli-en``, the default) that is synthesize's default (preset specli-en-dflash,
   greedy, the same tokens as specli-en-ar), with a directory the plain AR preset (RAS) unless `--preset` names one.
 
-Each ``--flow-variant NAME=VOICE`` puts another voice's flow on the same true tokens, scored against ``flow``.
+Each ``--flow-variant NAME=VOICE`` puts another voice's flow on the same true tokens, scored against ``flow``
+(``NAME=VOICE@TOKENS``: on another tokenizer's tokens of the same clips, for a flow trained on them).
 ``--first K`` starts at the K-th held-out sentence (settings are chosen on 100-199, shipped on 0-99). Each
 ``--variant`` is scored against ``specli`` on the same sentences (a paired bootstrap's 95% interval of the WER
 difference, sentences better / worse), and ``report.json`` keeps every transcript (``heard``) so that systems of two
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -48,6 +48,7 @@ import torch
 
 from specli.asr.pipeline import transcribe
 from specli.asr.windows import TranscribeOptions
+from specli.bench.runner import machine_info
 from specli.bench.wer import ErrorCounts, error_counts, paired_wer_diff
 from specli.tts.acoustic.hifigan import load_hifigan
 
@@ -198,7 +199,7 @@ def report(args: argparse.Namespace, clips, texts: dict[str, dict[str, str]], ex
     for name in extra.get("flow_variants", {}):
         systems[name]["vs_flow"] = paired_wer_diff(per_system["flow"], per_system[name])
     return {"voice": args.voice, "sentences": len(clips), "first": args.first, "threads": args.threads,
-            "seed": args.seed, "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "seed": args.seed, "machine": machine_info(args.threads), "torch": torch.__version__,
             "systems": systems, **extra,
             "examples": [{"ref": text, **{n: texts[n].get(cid, "") for n in texts}} for cid, text in clips[:5]],
             "heard": {n: {cid: texts[n].get(cid, "") for cid, _ in clips} for n in texts}}
@@ -239,9 +240,10 @@ def main() -> None:
     ap.add_argument("--skip-copy", action="store_true", help="only piper and specli (no vocoder copies)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
                     help="another specli system with these synthesize options, e.g. 'greedy=--sampler greedy'")
-    ap.add_argument("--flow-variant", action="append", default=[], metavar="NAME=VOICE",
+    ap.add_argument("--flow-variant", action="append", default=[], metavar="NAME=VOICE[@TOKENS]",
                     help="another voice's flow + vocoder on the same true tokens, scored against flow (e.g. the "
-                    "shipped flow beside a candidate's)")
+                    "shipped flow beside a candidate's); @TOKENS: on another tokenizer's tokens of the same clips "
+                    "(a flow trained on them)")
     ap.add_argument("--preset", help="the specli system's preset (default: synthesize's for --voice), e.g. "
                     "specli-en-ar to measure a candidate directory as the shipped default would run it")
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks/voice"))
@@ -263,8 +265,9 @@ def main() -> None:
         if not args.skip_copy:
             extra["copy_seconds"] = copy_synthesis(args.corpus, clips, work)
         extra["flow_seconds"] = flow_from_tokens(args.voice, clips, work, args.tokens, args.seed)
-        for name, voice in flow_variants.items():
-            flow_from_tokens(voice, clips, work, args.tokens, args.seed, name)
+        for name, spec in flow_variants.items():
+            voice, _, tokens = spec.partition("@")
+            flow_from_tokens(voice, clips, work, Path(tokens) if tokens else args.tokens, args.seed, name)
         extra["flow_variants"] = flow_variants
         records = speak(args.voice, clips, work, args.threads, args.seed,
                         options=("--preset", args.preset) if args.preset else ())

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -289,3 +290,50 @@ def test_a_partial_corpus_build_never_shrinks_the_committed_sentence_list(tmp_pa
     assert path.read_text() == "a heldout\nb train\nc train\n"
     assert write_sha1_list(path, rows("a"), rows("b", "c", "d"))  # a larger build adds
     assert path.read_text().splitlines()[-1] == "d train"
+
+
+def _tokens_file(path: Path, clips: dict[str, list[int]]) -> Path:
+    """A tokens.npz as `tokenize` writes it (every clip a training clip)."""
+    n = [len(v) for v in clips.values()]
+    np.savez(path, ids=np.array(list(clips)), split=np.zeros(len(clips), np.uint8),
+             offsets=np.concatenate([[0], np.cumsum(n)]).astype(np.int64),
+             tokens=np.concatenate([np.array(v) for v in clips.values()]).astype(np.uint16), onnx_sha256=np.array("x"))
+    return path
+
+
+def test_another_tokenizers_codes_start_from_the_rows_they_co_occur_with(tmp_path: Path) -> None:
+    import torch
+
+    from scripts.voice.tokenizer.tokens import cooccurrence
+
+    old = _tokens_file(tmp_path / "old.npz", {"a": [0, 0, 1, 2], "b": [2, 1]})
+    new = _tokens_file(tmp_path / "new.npz", {"a": [3, 3, 0, 0], "b": [1, 0]})  # 0 <- old 1, 2, 1; 3 <- old 0, 0
+    counts = cooccurrence(old, new, 3, 5)
+    assert counts[0].tolist() == [0, 2, 1] and counts[3].tolist() == [2, 0, 0] and counts[1].tolist() == [0, 0, 1]
+    voice = tmp_path / "voice"
+    voice.mkdir()
+    rows = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 3.0]])
+    decoder = torch.cat([rows, torch.full((2, 2), 7.0)])  # an LM's table: 2 rows past the codebook (sos, eos)
+    torch.save({"input_embedding.weight": rows.half(), "llm_decoder.weight": decoder.half(),
+                "other.weight": torch.ones(2).half()}, voice / "flow.pt")
+    lay = Layout(tmp_path / "w", voice=voice)
+    from scripts.voice import flow
+
+    args = build.parser("flow").parse_args(["flow", "--run", "t8", "--tokens", str(new), "--codebook", "5",
+                                            "--remap-from", str(old)])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Layout, "codebook", lambda self: 3)
+        build.training_args(lay, args, "flow.pt", flow.FROM_SCRATCH, flow.FINE_TUNE)
+    assert args.init == tmp_path / "w" / "train" / "t8" / "init.pt" and args.codebook == 5 and args.lr == 1e-4
+    state = torch.load(args.init, weights_only=True)
+    emb = state["input_embedding.weight"]
+    assert emb.shape == (5, 2) and torch.allclose(emb[0], torch.tensor([0.0, 5 / 3])) and emb[3].tolist() == [1.0, 0.0]
+    assert emb[1].tolist() == [0.0, 3.0] and torch.allclose(emb[2], rows.mean(0))  # code 2 never seen: the mean
+    assert state["llm_decoder.weight"].shape == (7, 2) and state["llm_decoder.weight"][5:].eq(7.0).all()
+    assert state["other.weight"].eq(1.0).all()
+    bad = _tokens_file(tmp_path / "bad.npz", {"a": [0, 0, 1], "b": [1, 0]})
+    with pytest.raises(SystemExit, match="another token count"):
+        cooccurrence(old, bad, 3, 5)
+    args = build.parser("flow").parse_args(["flow", "--tokens", str(new)])
+    with pytest.raises(SystemExit, match="go together"):
+        build.training_args(lay, args, "flow.pt", flow.FROM_SCRATCH, flow.FINE_TUNE)

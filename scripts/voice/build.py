@@ -182,6 +182,13 @@ def _run_args(ap: argparse.ArgumentParser, default: str, weights: str) -> None:
     ap.add_argument("--init", default="auto",
                     help=f"{weights} a run without a checkpoint starts from (auto: the voice's, when it has one; "
                          "none: from scratch)")
+    ap.add_argument("--tokens", type=Path, default=None,
+                    help="speech tokens of another tokenizer (a `tokenize --out DIR` tokens.npz; default: the "
+                         "committed ones); give its --codebook")
+    ap.add_argument("--codebook", type=int, default=None, help="the --tokens' codebook size")
+    ap.add_argument("--remap-from", type=Path, default=None, metavar="TOKENS",
+                    help="the tokens --init was trained on (with --tokens of another codebook): its speech rows "
+                         "start as the mean of the rows each new code co-occurs with")
 
 
 def training_args(lay: Layout, args: argparse.Namespace, weights: str, scratch: tuple, tune: tuple) -> None:
@@ -189,16 +196,53 @@ def training_args(lay: Layout, args: argparse.Namespace, weights: str, scratch: 
     ``--init`` (auto: the voice's ``weights`` when it has them); lr / warm-up (/ validation interval) not given
     come from ``tune`` when training starts from weights, else from ``scratch``."""
     args.run = lay.run(args.run)
-    args.corpus, args.tokens, args.codebook = lay.data, lay.tokens, lay.codebook()
+    if (args.tokens is None) != (args.codebook is None):
+        raise SystemExit("error: --tokens and --codebook go together")
+    args.corpus = lay.data
+    args.tokens, args.codebook = (args.tokens, args.codebook) if args.tokens else (lay.tokens, lay.codebook())
     if args.init == "auto":
         args.init = lay.voice / weights if (lay.voice / weights).is_file() else None
     elif args.init == "none":
         args.init = None
     else:
         args.init = Path(args.init)
+    if args.remap_from is not None:
+        if args.init is None:
+            raise SystemExit("error: --remap-from needs weights to start from (--init)")
+        args.init = remapped_init(args, lay.codebook())
     for key, value in zip(("lr", "warmup", "val_every"), tune if args.init else scratch):
         if getattr(args, key, 0) is None:
             setattr(args, key, value)
+
+
+SPEECH_ROWS = ("input_embedding.weight", "speech_embedding.weight", "llm_decoder.weight")  # per-code rows (flow, LM)
+
+
+def remapped_init(args: argparse.Namespace, old_codebook: int) -> Path:
+    """``<run>/init.pt``: ``--init``'s weights with each per-code row table (``SPEECH_ROWS``; the LM's rows past
+    the codebook, sos / eos / task, kept after the new codes) rebuilt for ``--tokens``' codebook from the
+    co-occurrence of its codes with ``--remap-from``'s (``tokens.cooccurrence``)."""
+    import numpy as np
+    import torch
+
+    from .common import save
+    from .tokenizer.tokens import cooccurrence, remap_rows
+
+    path = args.run / "init.pt"
+    if path.is_file():
+        return path
+    counts = cooccurrence(args.remap_from, args.tokens, old_codebook, args.codebook)
+    state = {k: v.float() for k, v in torch.load(args.init, weights_only=True).items()}
+    for key in SPEECH_ROWS:
+        if key in state:
+            old = state[key].numpy()
+            new = remap_rows(old[:old_codebook], counts)
+            state[key] = torch.from_numpy(np.concatenate([new, old[old_codebook:]]))
+            log(f"{key}: {tuple(old.shape)} -> {tuple(state[key].shape)} by co-occurrence "
+                f"({int((counts.sum(1) == 0).sum())} of {args.codebook} codes never seen)")
+    args.run.mkdir(parents=True, exist_ok=True)
+    save(path, state)
+    return path
 
 
 def _lm_args(ap: argparse.ArgumentParser) -> None:

@@ -28,6 +28,9 @@ def add_parsers(sub) -> None:  # argparse._SubParsersAction
     e = sub.add_parser("export", help=f"write <work>/{ONNX_NAME} from a trained run")
     e.add_argument("--name", required=True, help="the run to ship")
     e.add_argument("--quant", default="weights", choices=X.QUANT_MODES)
+    e.add_argument("--out", type=Path, default=None,
+                   help=f"write {ONNX_NAME} and its tokenizer.json to this directory instead (a candidate: "
+                        "the committed record is left alone)")
     t = sub.add_parser("tokenize", help=f"tokenize every clip with <work>/{ONNX_NAME}")
     t.add_argument("--onnx", type=Path, default=None, help=f"default <work>/{ONNX_NAME}")
     t.add_argument("--allow-partial", action="store_true", help="tokenize a data build still running")
@@ -61,18 +64,20 @@ def build_graph(work: Path, run: dict) -> G.TokenizerGraph:
 def cmd_export(args: argparse.Namespace) -> int:
     run = load_run(args.work, args.name)
     graph = build_graph(args.work, run)
-    path = args.work / ONNX_NAME
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+    path = (args.out or args.work) / ONNX_NAME
     info = X.export(graph, path, ["tokens"], quant=args.quant)
     from specli.tts.acoustic.frontend import SpeechTokenizer
 
     SpeechTokenizer(path)  # the frontend's signature check
     res = json.loads((args.work / "runs" / args.name / "results.json").read_text())
-    write_config(args, run, res, info)
+    write_config(args, run, res, info, args.out / "tokenizer.json" if args.out is not None else CONFIG_JSON)
     log(f"export: {path} {info['bytes'] / 1e6:.2f} MB sha256 {info['sha256']}")
     return 0
 
 
-def write_config(args: argparse.Namespace, run: dict, res: dict, info: dict) -> None:
+def write_config(args: argparse.Namespace, run: dict, res: dict, info: dict, record: Path) -> None:
     cfg = run["config"]
     matrix = np.load(args.work / "mel128to80.npy")
     doc = {
@@ -98,16 +103,16 @@ def write_config(args: argparse.Namespace, run: dict, res: dict, info: dict) -> 
                      "usage_train": res["usage_train"], "train_clips": res["train_clips"]},
         "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    update_config(doc)
+    update_config(doc, record)
 
 
-def update_config(doc: dict) -> None:
-    """Merge top-level keys into data/voice/tokenizer.json (one level deep for dicts)."""
-    old = json.loads(CONFIG_JSON.read_text()) if CONFIG_JSON.is_file() else {}
+def update_config(doc: dict, record: Path = CONFIG_JSON) -> None:
+    """Merge top-level keys into ``record`` (data/voice/tokenizer.json by default; one level deep for dicts)."""
+    old = json.loads(record.read_text()) if record.is_file() else {}
     for k, v in doc.items():
         old[k] = (old.get(k) or {}) | v if isinstance(v, dict) and isinstance(old.get(k), dict) else v
-    CONFIG_JSON.parent.mkdir(parents=True, exist_ok=True)
-    CONFIG_JSON.write_text(json.dumps(old, indent=1, ensure_ascii=False) + "\n")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(old, indent=1, ensure_ascii=False) + "\n")
 
 
 # ------------------------------------------------------------------------- tokenize

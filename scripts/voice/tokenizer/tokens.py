@@ -15,3 +15,32 @@ def speech_tokens(split: str, path: Path) -> dict[str, np.ndarray]:
     with np.load(path) as z:
         ids, splits, offsets, tokens = z["ids"], z["split"], z["offsets"], z["tokens"]
     return {str(cid): tokens[offsets[i] : offsets[i + 1]] for i, cid in enumerate(ids) if int(splits[i]) == want}
+
+
+def cooccurrence(old_npz: Path, new_npz: Path, n_old: int, n_new: int) -> np.ndarray:
+    """``[n_new, n_old]`` counts of (new code, old code) at the same position of the same training clip.
+
+    Two tokenizers of the same rate give every clip the same number of tokens, position i covering the same 4 mel
+    frames; a clip whose lengths differ is an error (the files were not made from the same corpus)."""
+    old, new = speech_tokens("train", old_npz), speech_tokens("train", new_npz)
+    shared = sorted(old.keys() & new.keys())
+    if not shared:
+        raise SystemExit(f"error: {old_npz} and {new_npz} share no training clip")
+    bad = [cid for cid in shared if len(old[cid]) != len(new[cid])]
+    if bad:
+        raise SystemExit(f"error: {len(bad)} clips have another token count in {new_npz} (e.g. {bad[0]}): "
+                         "not the same corpus at the same rate")
+    a = np.concatenate([old[c] for c in shared]).astype(np.int64)
+    b = np.concatenate([new[c] for c in shared]).astype(np.int64)
+    if a.max() >= n_old or b.max() >= n_new:
+        raise SystemExit(f"error: codes past the codebooks ({a.max()} of {n_old}, {b.max()} of {n_new})")
+    return np.bincount(b * n_old + a, minlength=n_new * n_old).reshape(n_new, n_old).astype(np.float64)
+
+
+def remap_rows(weight: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Rows for a new codebook from an old one's ``weight [n_old, D]``: each new code's row is the mean of the old
+    rows it co-occurred with (``counts [n_new, n_old]``); a code never seen gets the mean of all old rows."""
+    total = counts.sum(axis=1, keepdims=True)
+    rows = counts @ weight / np.maximum(total, 1.0)
+    rows[total[:, 0] == 0] = weight.mean(axis=0)
+    return rows.astype(weight.dtype)

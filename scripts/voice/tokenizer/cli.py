@@ -11,7 +11,7 @@ one step with its own options::
     tokenize                                     # every clip through that ONNX -> data/voice/tokens
 
 The graph is described in graph.py; data/voice/tokenizer.json holds the measured choices and
-docs/benchmarks/voice/tokenizer-grid.md the grids that made them.
+docs/benchmarks/voice/tokenizer/README.md the grids that made them.
 """
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,8 @@ sys.path.insert(0, str(REPO))  # scripts.voice, the voice's build
 
 from scripts.voice.corpus.texts import sentences  # noqa: E402  (the corpus's held-out sentences)
 
-from specli.core.device import CPUINFO, cpu_flags, cpu_native_bf16  # noqa: E402
+from specli.bench.runner import machine_info  # noqa: E402
+from specli.core.device import cpu_native_bf16  # noqa: E402
 from specli.models.cosyvoice.lm import load_cosyvoice  # noqa: E402
 from specli.presets.synthesis import load_synthesis_preset  # noqa: E402
 from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt  # noqa: E402
@@ -37,12 +37,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def machine() -> dict:
-    text = CPUINFO.read_text(encoding="utf-8", errors="replace")
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
-    flags = cpu_flags(text)
-    return {"cpu": model, "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
-            "native_bf16": cpu_native_bf16(), "torch": torch.__version__, "python": platform.python_version(),
-            "threads": torch.get_num_threads()}
+    """The bench reports' machine block (CPU name, family / model, features, versions) and native bf16."""
+    m = machine_info(torch.get_num_threads())
+    return {**m, "native_bf16": cpu_native_bf16(), "torch": torch.__version__}
 
 
 def render(vocalizer: Vocalizer, tokens: list[int]) -> tuple[float, float, np.ndarray, torch.Tensor]:
@@ -99,7 +96,7 @@ def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [f"# Flow + vocoder in float32 vs bfloat16 on specli-en ({report['utterances']} held-out sentences, "
              f"{report['audio_seconds']:.1f} s of audio)", "",
-             f"{m['cpu']} (AMX bf16: {m['amx_bf16']}, AVX-512 BF16: {m['avx512_bf16']}), torch {m['torch']}, "
+             f"{m['cpu']} ({m['cpu_id'] or '?'}; {', '.join(m['cpu_features'])}), torch {m['torch']}, "
              f"{m['threads']} threads, one process, dtypes interleaved per utterance, best of {report['repeat']}. "
              f"LLM stage: {report['preset']} ({report['llm_dtype']}), the same tokens for both dtypes.", "",
              "| audio dtype | RTF llm | RTF flow | RTF vocoder | RTF total | flow speedup | vocoder speedup | "

@@ -292,13 +292,15 @@ def test_a_partial_corpus_build_never_shrinks_the_committed_sentence_list(tmp_pa
     assert path.read_text().splitlines()[-1] == "d train"
 
 
-def _tokens_file(path: Path, clips: dict[str, list[int]]) -> Path:
-    """A tokens.npz as `tokenize` writes it (every clip a training clip)."""
-    n = [len(v) for v in clips.values()]
-    np.savez(path, ids=np.array(list(clips)), split=np.zeros(len(clips), np.uint8),
-             offsets=np.concatenate([[0], np.cumsum(n)]).astype(np.int64),
-             tokens=np.concatenate([np.array(v) for v in clips.values()]).astype(np.uint16), onnx_sha256=np.array("x"))
-    return path
+def _tokens_file(out: Path, clips: dict[str, list[int]]) -> Path:
+    """``out/tokens.npz`` written by `tokenize`'s own writer (every clip a training clip)."""
+    from scripts.voice.tokenizer.data import Clip
+    from scripts.voice.tokenizer.ship import write_tokens
+
+    rows = [Clip(cid, "text", "train", 1.0) for cid in clips]
+    tokens = {cid: np.array(codes, dtype=np.uint16) for cid, codes in clips.items()}
+    write_tokens(out, rows, tokens, "0" * 64, out / "speech_tokenizer_v3.onnx", True, {})
+    return out / "tokens.npz"
 
 
 def test_another_tokenizers_codes_start_from_the_rows_they_co_occur_with(tmp_path: Path) -> None:
@@ -306,8 +308,8 @@ def test_another_tokenizers_codes_start_from_the_rows_they_co_occur_with(tmp_pat
 
     from scripts.voice.tokenizer.tokens import cooccurrence
 
-    old = _tokens_file(tmp_path / "old.npz", {"a": [0, 0, 1, 2], "b": [2, 1]})
-    new = _tokens_file(tmp_path / "new.npz", {"a": [3, 3, 0, 0], "b": [1, 0]})  # 0 <- old 1, 2, 1; 3 <- old 0, 0
+    old = _tokens_file(tmp_path / "old", {"a": [0, 0, 1, 2], "b": [2, 1]})
+    new = _tokens_file(tmp_path / "new", {"a": [3, 3, 0, 0], "b": [1, 0]})  # 0 <- old 1, 2, 1; 3 <- old 0, 0
     counts = cooccurrence(old, new, 3, 5)
     assert counts[0].tolist() == [0, 2, 1] and counts[3].tolist() == [2, 0, 0] and counts[1].tolist() == [0, 0, 1]
     voice = tmp_path / "voice"
@@ -331,7 +333,7 @@ def test_another_tokenizers_codes_start_from_the_rows_they_co_occur_with(tmp_pat
     assert emb[1].tolist() == [0.0, 3.0] and torch.allclose(emb[2], rows.mean(0))  # code 2 never seen: the mean
     assert state["llm_decoder.weight"].shape == (7, 2) and state["llm_decoder.weight"][5:].eq(7.0).all()
     assert state["other.weight"].eq(1.0).all()
-    bad = _tokens_file(tmp_path / "bad.npz", {"a": [0, 0, 1], "b": [1, 0]})
+    bad = _tokens_file(tmp_path / "bad", {"a": [0, 0, 1], "b": [1, 0]})
     with pytest.raises(SystemExit, match="another token count"):
         cooccurrence(old, bad, 3, 5)
     args = build.parser("flow").parse_args(["flow", "--tokens", str(new)])

@@ -228,9 +228,7 @@ def remapped_init(args: argparse.Namespace, old_codebook: int) -> Path:
     from .common import save
     from .tokenizer.tokens import cooccurrence, remap_rows
 
-    path = args.run / "init.pt"
-    if path.is_file():
-        return path
+    path = args.run / "init.pt"  # rebuilt each start (about a second): never another --remap-from's leftover
     counts = cooccurrence(args.remap_from, args.tokens, old_codebook, args.codebook)
     state = {k: v.float() for k, v in torch.load(args.init, weights_only=True).items()}
     for key in SPEECH_ROWS:

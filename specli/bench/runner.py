@@ -36,7 +36,7 @@ from specli.bench.references import load_references
 from specli.bench.report import Bins, Run, Skip, SystemInfo, build_report
 from specli.bench.runlog import RunLog, read_runlog
 from specli.models.speech import DecodingOptions
-from specli.core.device import cpu_flags, dtype_name
+from specli.core.device import CPUINFO, cpu_flags, dtype_name
 from specli.core.threads import torch_threads
 from specli.asr.strategies import build_decoder
 from specli.models.registry import family
@@ -300,8 +300,8 @@ def cpu_description(cpuinfo: str, fallback: str) -> dict:
 def machine_info(threads: int | None) -> dict:
     """CPU (:func:`cpu_description`), core count, threads and library versions, for report.json."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+        text = CPUINFO.read_text(encoding="utf-8", errors="replace")
+    except OSError:  # no /proc (macOS, Windows)
         text = ""
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "transformers": transformers.__version__, "specli": specli_version}
@@ -311,8 +311,8 @@ def machine_info(threads: int | None) -> dict:
         except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {**cpu_description(text, platform.processor() or platform.machine()), "cpu_count": os.cpu_count(), "threads": threads or torch.get_num_threads(),
-            "platform": platform.platform(), "versions": versions, "gpu": gpu, "cuda": torch.version.cuda}
+    return {**cpu_description(text, platform.processor() or platform.machine()), "cpu_count": os.cpu_count(),
+            "threads": threads or torch.get_num_threads(), "platform": platform.platform(), "versions": versions, "gpu": gpu, "cuda": torch.version.cuda}
 
 
 def run_bench(inputs: Sequence[str], opts: BenchOptions, references: str | None = None, bins: Bins = Bins(),

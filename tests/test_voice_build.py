@@ -124,6 +124,12 @@ def test_assemble_takes_the_whole_voice_only_when_an_lm_was_trained(tmp_path: Pa
     assert (plan.blank, plan.onnx, plan.flow_steps, plan.cfg_rate) == (lay.blank, lay.onnx, 1, 0.0)
     args = build.parser("assemble").parse_args(["assemble", "--text-tokenizer", str(tmp_path / "blank-cmu")])
     assert build.assemble_plan(lay, args).blank == tmp_path / "blank-cmu"
+    other = ["--tokens", str(tmp_path / "tok8" / "tokens.npz"), "--onnx", str(tmp_path / "tok8" / "t.onnx")]
+    plan = build.assemble_plan(lay, build.parser("assemble").parse_args(["assemble", *other]))
+    assert (plan.tokens, plan.onnx) == (tmp_path / "tok8" / "tokens.npz", tmp_path / "tok8" / "t.onnx")
+    (lay.run("lm") / "best.pt").unlink()
+    with pytest.raises(SystemExit, match="go with a trained LM"):
+        build.assemble_plan(lay, build.parser("assemble").parse_args(["assemble", *other]))
 
 
 def test_all_leaves_out_the_stages_done(tmp_path: Path) -> None:

@@ -286,6 +286,12 @@ def _assemble_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, help="the model directory to write (default: the voice)")
     ap.add_argument("--flow-steps", type=int, help="the flow's default Euler steps, in the yaml (absent: 10)")
     ap.add_argument("--cfg-rate", type=float, help="the flow's guidance weight, in the yaml (official: 0.7)")
+    ap.add_argument("--tokens", type=Path, default=None,
+                    help="the speech tokens the LM was trained on, when not the committed ones (`lm --tokens`; its "
+                         "held-out sentences check the loaded LM)")
+    ap.add_argument("--onnx", type=Path, default=None,
+                    help="the speech tokenizer that made --tokens (`tokenizer export --out DIR`; default: the work "
+                         "directory's)")
     text_tokenizer_arg(ap)
 
 
@@ -294,10 +300,12 @@ def assemble_plan(lay: Layout, args: argparse.Namespace) -> argparse.Namespace:
     of the voice (the CFM keys alone when no flow run has one either)."""
     lm, flow = lay.run(args.lm_run) / "best.pt", lay.run(args.flow_run) / "best.pt"
     plan = argparse.Namespace(out=args.out or lay.voice, flow_steps=args.flow_steps, cfg_rate=args.cfg_rate,
-                              corpus=lay.data, tokens=lay.tokens, flow=flow if flow.is_file() else None,
+                              corpus=lay.data, tokens=args.tokens or lay.tokens, flow=flow if flow.is_file() else None,
                               lm=None, blank=None, onnx=None, source=None)
     if lm.is_file():
-        plan.lm, plan.blank, plan.onnx = lm, args.text_tokenizer or lay.blank, lay.onnx
+        plan.lm, plan.blank, plan.onnx = lm, args.text_tokenizer or lay.blank, args.onnx or lay.onnx
+    elif args.tokens or args.onnx:
+        raise SystemExit("error: --tokens / --onnx go with a trained LM (a flow alone keeps the voice's tokenizer)")
     else:
         plan.source = lay.voice
     return plan

@@ -59,7 +59,7 @@ def test_the_layout_is_the_one_earlier_runs_left_on_disk(tmp_path: Path) -> None
     assert lay.drafters == tmp_path / "drafters"
     assert lay.tokens == ROOT / "data" / "voice" / "tokens" / "tokens.npz"
     assert lay.blank == ROOT / "data" / "voice" / "blank"
-    assert lay.codebook() == 729  # FSQ 3^6, from data/voice/tokenizer.json
+    assert lay.codebook() == 6561  # FSQ 3^8, from data/voice/tokenizer.json
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -86,7 +86,7 @@ def test_the_flow_and_lm_stages_get_the_recipe_and_their_paths(tmp_path: Path) -
     args = build.parser("flow").parse_args(["flow", "--run", "mix"])
     build.training_args(lay, args, "flow.pt", flow.FROM_SCRATCH, flow.FINE_TUNE)
     assert args.run == tmp_path / "w" / "train" / "mix" and args.corpus == tmp_path / "w" / "data"
-    assert (args.init, args.lr, args.warmup, args.codebook) == (voice / "flow.pt", 1e-4, 100, 729)
+    assert (args.init, args.lr, args.warmup, args.codebook) == (voice / "flow.pt", 1e-4, 100, 6561)
     assert (args.objective, args.dim, args.depth, args.heads, args.steps) == ("mix", 256, 6, 4, 8000)
     assert (args.streaming, args.prompt_prob, args.cfg_dropout) == (0.0, 0.0, 0.0)
     args = build.parser("lm").parse_args(["lm", "--lr", "2e-4"])  # no llm.pt in the voice: from scratch
@@ -345,3 +345,22 @@ def test_another_tokenizers_codes_start_from_the_rows_they_co_occur_with(tmp_pat
     args = build.parser("flow").parse_args(["flow", "--tokens", str(new)])
     with pytest.raises(SystemExit, match="go together"):
         build.training_args(lay, args, "flow.pt", flow.FROM_SCRATCH, flow.FINE_TUNE)
+
+
+def test_the_drafters_stage_trains_each_drafter_on_the_voice_with_its_draft_vocabulary(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    from scripts.voice import drafters
+
+    calls = []
+    monkeypatch.setattr(drafters, "_specli", lambda threads, *args: calls.append((threads, args)))
+    args = build.parser("drafters").parse_args(["drafters", "--step", "train", "--drafters", "dflash,dspark"])
+    drafters.run(tmp_path, tmp_path / "voice", args)
+    assert [c[1][c[1].index("--drafter") + 1] for c in calls] == ["dflash", "dspark"]
+    for _threads, argv in calls:
+        assert argv[:2] == ("distill", "train") and argv[argv.index("--model") + 1] == str(tmp_path / "voice")
+        assert argv[argv.index("--draft-vocab") + 1] == str(drafters.DRAFT_VOCAB)
+        assert argv[-1] == str(tmp_path / "data-greedy" / "train")
+    args = build.parser("drafters").parse_args(["drafters", "--step", "train", "--draft-vocab", "0"])
+    calls.clear()
+    drafters.run(tmp_path, tmp_path / "voice", args)
+    assert all(argv[argv.index("--draft-vocab") + 1] == "0" for _t, argv in calls)

@@ -122,9 +122,9 @@ def test_assemble_writes_the_shipped_yaml_and_names_the_ratio_key_only_with_a_le
 
     shipped = Path(__file__).resolve().parent.parent / "specli" / "voices" / "specli-en" / "cosyvoice3.yaml"
     dit = {"dim": 256, "depth": 6, "heads": 4}
-    phonemes = assemble.voice_yaml(256, 729, 256, dit, phonemes=True)
+    phonemes = assemble.voice_yaml(256, 6561, 256, dit, phonemes=True)
     assert assemble.with_cfm_keys(phonemes, 1, 0.0) == shipped.read_text(encoding="utf-8")
-    text = assemble.voice_yaml(256, 729, 256, dit, phonemes=False)
+    text = assemble.voice_yaml(256, 6561, 256, dit, phonemes=False)
     assert "min_token_text_ratio" not in text and "# max_piece_words.\n" in text
 
 

@@ -6,9 +6,9 @@ are ``specli distill`` runs, which resume; work files under ``<work>/drafters``.
     python -m scripts.voice drafters --work DIR --step labels     # 2,000 sentences: 6 min (Zen 5) to 40 min, 2 threads
     python -m scripts.voice drafters --work DIR --step train --drafters dspark --layers 1 --epochs 8   # ~35 min
     python -m scripts.voice drafters --work DIR --step train --drafters dflash --layers 1 --epochs 16  # 12 min (Zen 5)
-
-The drafter's head covers the ``--draft-vocab`` codes the LM spoke most in the labels (default 1,536 of 6,561).
     python -m scripts.voice drafters --work DIR --step train --drafters eagle3 --block 4 --epochs 6
+
+Each drafter's head covers the ``--draft-vocab`` codes the LM spoke most in the labels (default 1,536 of 6,561).
 """
 
 from __future__ import annotations

@@ -312,7 +312,8 @@ def machine_info(threads: int | None) -> dict:
             versions[pkg] = None
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {**cpu_description(text, platform.processor() or platform.machine()), "cpu_count": os.cpu_count(),
-            "threads": threads or torch.get_num_threads(), "platform": platform.platform(), "versions": versions, "gpu": gpu, "cuda": torch.version.cuda}
+            "threads": threads or torch.get_num_threads(), "platform": platform.platform(), "versions": versions,
+            "gpu": gpu, "cuda": torch.version.cuda}
 
 
 def run_bench(inputs: Sequence[str], opts: BenchOptions, references: str | None = None, bins: Bins = Bins(),

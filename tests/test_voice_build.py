@@ -109,6 +109,10 @@ def test_the_tokenizer_stages_hand_the_layout_to_the_tokenizer_cli(tmp_path: Pat
     assert (parsed.data, parsed.work) == (tmp_path / "data", tmp_path / "tokenizer")
     parsed = cli.parse_args(build.tokenizer_argv(lay, build.tokens_step(lay, True)))
     assert (parsed.cmd, parsed.out, parsed.allow_partial) == ("tokenize", COMMITTED / "tokens", True)
+    assert parsed.onnx == lay.voice / "speech_tokenizer_v3.onnx"  # no tokenizer exported here: the voice's
+    lay.tokenizer.mkdir()
+    lay.onnx.write_bytes(b"exported here")
+    assert cli.parse_args(build.tokenizer_argv(lay, build.tokens_step(lay, False))).onnx == lay.onnx
 
 
 def test_assemble_takes_the_whole_voice_only_when_an_lm_was_trained(tmp_path: Path) -> None:
@@ -121,7 +125,8 @@ def test_assemble_takes_the_whole_voice_only_when_an_lm_was_trained(tmp_path: Pa
         (lay.run(run) / "best.pt").write_bytes(b"")
     plan = build.assemble_plan(lay, args)
     assert (plan.source, plan.lm, plan.flow) == (None, lay.run("lm") / "best.pt", lay.run("flow") / "best.pt")
-    assert (plan.blank, plan.onnx, plan.flow_steps, plan.cfg_rate) == (lay.blank, lay.onnx, 1, 0.0)
+    voice_onnx = tmp_path / "voice" / "speech_tokenizer_v3.onnx"  # no tokenizer exported in the work directory
+    assert (plan.blank, plan.onnx, plan.flow_steps, plan.cfg_rate) == (lay.blank, voice_onnx, 1, 0.0)
     args = build.parser("assemble").parse_args(["assemble", "--text-tokenizer", str(tmp_path / "blank-cmu")])
     assert build.assemble_plan(lay, args).blank == tmp_path / "blank-cmu"
     other = ["--tokens", str(tmp_path / "tok8" / "tokens.npz"), "--onnx", str(tmp_path / "tok8" / "t.onnx")]

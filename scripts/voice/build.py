@@ -111,7 +111,8 @@ def _tokens_args(ap: argparse.ArgumentParser) -> None:
 
 
 def tokens_step(lay: Layout, allow_partial: bool) -> list[str]:
-    return ["tokenize", "--out", str(lay.tokens.parent)] + ["--allow-partial"] * allow_partial
+    return (["tokenize", "--onnx", str(lay.speech_tokenizer), "--out", str(lay.tokens.parent)]
+            + ["--allow-partial"] * allow_partial)
 
 
 def _tokens(lay: Layout, args: argparse.Namespace) -> None:
@@ -119,17 +120,17 @@ def _tokens(lay: Layout, args: argparse.Namespace) -> None:
 
 
 def _tokens_done(lay: Layout) -> bool:
-    """The committed tokens exist and, when an exported tokenizer is here, were made by it."""
+    """The committed tokens exist and were made by the tokenizer they come from (``Layout.speech_tokenizer``)."""
     if not lay.tokens.is_file():
         return False
-    if not lay.onnx.is_file():
+    if not lay.speech_tokenizer.is_file():
         return True
     import numpy as np
 
     from .tokenizer.export import sha256_file
 
     with np.load(lay.tokens) as z:
-        return str(z["onnx_sha256"]) == sha256_file(lay.onnx)
+        return str(z["onnx_sha256"]) == sha256_file(lay.speech_tokenizer)
 
 
 def _text_tokenizer_args(ap: argparse.ArgumentParser) -> None:
@@ -303,7 +304,7 @@ def assemble_plan(lay: Layout, args: argparse.Namespace) -> argparse.Namespace:
                               corpus=lay.data, tokens=args.tokens or lay.tokens, flow=flow if flow.is_file() else None,
                               lm=None, blank=None, onnx=None, source=None)
     if lm.is_file():
-        plan.lm, plan.blank, plan.onnx = lm, args.text_tokenizer or lay.blank, args.onnx or lay.onnx
+        plan.lm, plan.blank, plan.onnx = lm, args.text_tokenizer or lay.blank, args.onnx or lay.speech_tokenizer
     elif args.tokens or args.onnx:
         raise SystemExit("error: --tokens / --onnx go with a trained LM (a flow alone keeps the voice's tokenizer)")
     else:

@@ -64,6 +64,12 @@ class Layout:
     def onnx(self) -> Path:  # the exported speech tokenizer
         return self.tokenizer / ONNX_NAME
 
+    @property
+    def speech_tokenizer(self) -> Path:
+        """The ONNX tokenizer the committed tokens come from: the one exported here when there is one, else the
+        voice's (a fresh machine rebuilding the corpus tokenizes the new clips with the shipped tokenizer)."""
+        return self.onnx if self.onnx.is_file() else self.voice / ONNX_NAME
+
     def run(self, name: str) -> Path:  # an LM or flow training run
         return self.work / "train" / name
 

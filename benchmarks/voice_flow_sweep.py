@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from voice_roundtrip import heard, heldout  # noqa: E402
 
 from scripts.voice.paths import Layout, work_dir  # noqa: E402
 
+from specli.bench.runner import machine_info  # noqa: E402
 from specli.bench.wer import ErrorCounts, error_counts  # noqa: E402
 from specli.models.cosyvoice.lm import resolve_cosyvoice  # noqa: E402
 from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt  # noqa: E402
@@ -149,7 +149,7 @@ def main() -> None:
         tokens["e2e"] = lm_tokens(args.voice, clips, args.work, args.threads, args.seed)
     rep = {"voice": args.voice, "sentences": len(clips), "threads": args.threads, "seed": args.seed,
            "long_tokens": LONG, "long_sentences": sum(n > LONG for n in lengths.values()),
-           "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+           "machine": machine_info(args.threads), "torch": torch.__version__,
            "command": " ".join(sys.argv), "mel_l1": {}, "systems": {}}
     args.out.mkdir(parents=True, exist_ok=True)
     grid = [(int(s), float(c)) for s in args.steps.split(",") for c in args.cfg.split(",")]

@@ -144,3 +144,41 @@ def test_validation_clips_stay_out_of_the_round_trips_sentences(tmp_path: Path) 
     args.val_first, args.val_clips = 250, 100
     with pytest.raises(SystemExit, match="no 100 held-out clips from the 250-th"):
         T.validation_ids(args)
+
+
+def test_a_flow_grown_deeper_computes_the_same_function_and_its_copies_then_train() -> None:
+    small = _tiny_flow()  # 2 blocks; trained weights have a non-zero adaLN modulation, as random ones do
+    state = {k: v.clone() for k, v in small.state_dict().items()}
+    big_state = T.grown(state, 4)
+    assert T.dit_depth(big_state) == 4 and T.dit_depth(state) == 2
+    dit = DiTConfig(dim=64, depth=4, heads=2, dim_head=32, ff_mult=2, static_chunk_size=16)
+    big = FlowCV3(FlowCV3Config(vocab_size=16, token_mel_ratio=T.RATIO, lookahead_channels=16, dit=dit, cfm=ONE_STEP))
+    big.load_state_dict(big_state)  # strict: every key of a 4-block flow, nothing else
+    g = torch.Generator().manual_seed(1)
+    x, mu, cond = (torch.randn(2, 80, 24, generator=g) for _ in range(3))
+    mask, t, spks = torch.ones(2, 1, 24), torch.tensor([0.0, 0.6]), torch.randn(2, 80, generator=g)
+    with torch.no_grad():
+        want = small.eval().decoder.estimator(x, mask, mu, t, spks, cond)
+        got = big.eval().decoder.estimator(x, mask, mu, t, spks, cond)
+    assert torch.allclose(got, want, atol=1e-5)  # the copies are the identity at the start
+    copy = T.BLOCKS + "1." + T.ADALN + "weight"
+    assert not big_state[copy].any() and big_state[T.BLOCKS + "0." + T.ADALN + "weight"].any()
+    assert torch.equal(big_state[T.BLOCKS + "3.attn.to_q.weight"], state[T.BLOCKS + "1.attn.to_q.weight"])
+    big.train()  # a copy's gates get a gradient: training opens it
+    big.decoder.estimator(x, mask, mu, t, spks, cond).square().mean().backward()
+    assert big.get_parameter(copy).grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="not a multiple"):
+        T.grown(state, 3)
+
+
+def test_the_flow_stage_grows_an_init_with_fewer_blocks_and_keeps_one_as_deep(tmp_path: Path) -> None:
+    from scripts.voice import build
+
+    init = tmp_path / "flow.pt"
+    torch.save(_tiny_flow().state_dict(), init)
+    args = build.parser("flow").parse_args(["flow", "--depth", "2"])
+    args.run, args.init = tmp_path / "run", init
+    assert build.grown_init(args) == init  # as deep as asked: used as it is
+    args.depth = 4
+    path = build.grown_init(args)
+    assert path == tmp_path / "run" / "init.pt" and T.dit_depth(torch.load(path, weights_only=True)) == 4

@@ -271,7 +271,28 @@ def _flow(lay: Layout, args: argparse.Namespace) -> None:
     from . import flow
 
     training_args(lay, args, "flow.pt", flow.FROM_SCRATCH, flow.FINE_TUNE)
+    if args.init is not None:
+        args.init = grown_init(args)
     flow.train(args)
+
+
+def grown_init(args: argparse.Namespace) -> Path:
+    """``--init`` as it is, or, when it has fewer DiT blocks than ``--depth``, ``<run>/init.pt`` with its blocks
+    grown to ``--depth`` (:func:`flow.grown`: the same function at the start)."""
+    import torch
+
+    from .common import save
+    from .flow import dit_depth, grown
+
+    state = torch.load(args.init, weights_only=True)
+    have = dit_depth(state)
+    if have >= args.depth:
+        return args.init
+    path = args.run / "init.pt"
+    args.run.mkdir(parents=True, exist_ok=True)
+    save(path, grown({k: v.float() for k, v in state.items()}, args.depth))
+    log(f"{args.init}: {have} DiT blocks grown to {args.depth} (each followed by copies of itself at zero gates)")
+    return path
 
 
 def _trained(run: Path) -> bool:

@@ -169,6 +169,8 @@ def test_a_flow_grown_deeper_computes_the_same_function_and_its_copies_then_trai
     assert big.get_parameter(copy).grad.abs().sum() > 0
     with pytest.raises(ValueError, match="not a multiple"):
         T.grown(state, 3)
+    with pytest.raises(ValueError, match="no DiT blocks"):
+        T.grown({"llm_decoder.weight": torch.zeros(4, 4)}, 12)
 
 
 def test_the_flow_stage_grows_an_init_with_fewer_blocks_and_keeps_one_as_deep(tmp_path: Path) -> None:

@@ -102,6 +102,8 @@ def grown(state: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]
     weights start as the block's own, not random). Deeper at a fixed width: the one-step L1 of specli-en's 6-block
     flow stood still on more data while a 12-block growth of it kept falling (docs/benchmarks/voice/tokenizer/)."""
     have = dit_depth(state)
+    if not have:
+        raise ValueError(f"--init has no DiT blocks ({BLOCKS}*): not a flow's weights")
     if depth % have:
         raise ValueError(f"--depth {depth} is not a multiple of the {have} DiT blocks of --init")
     ratio, out = depth // have, {}

@@ -128,6 +128,33 @@ def test_assemble_writes_the_shipped_yaml_and_names_the_ratio_key_only_with_a_le
     assert "min_token_text_ratio" not in text and "# max_piece_words.\n" in text
 
 
+def test_a_flow_replaced_into_a_voice_brings_its_dit_shape_into_the_yaml(tmp_path: Path) -> None:
+    """A flow grown deeper than the voice's (``flow --depth``) and assembled flow-only (``--from VOICE``) gets a yaml
+    whose DiT depth is its own; nothing else in the yaml changes. A yaml with no DiT estimator is refused."""
+    from scripts.voice import assemble
+
+    shipped = Path(__file__).resolve().parent.parent / "specli" / "voices" / "specli-en" / "cosyvoice3.yaml"
+    text = shipped.read_text(encoding="utf-8")
+    deeper = assemble.with_dit_shape(text, {"dim": 256, "depth": 12, "heads": 4})
+    changed = [(a, b) for a, b in zip(text.splitlines(), deeper.splitlines(), strict=True) if a != b]
+    assert changed == [("            depth: 6", "            depth: 12")]
+    (tmp_path / "c.yaml").write_text(_HEADER + assemble.with_dit_shape(TINY_FLOW_YAML, {"dim": 96, "depth": 5,
+                                                                                        "heads": 3}))
+    dit = flow_config(read_hyperpyyaml(tmp_path / "c.yaml")["flow"], "cosyvoice3").dit
+    assert (dit.dim, dit.depth, dit.heads, dit.dim_head) == (96, 5, 3, 16)
+    with pytest.raises(ValueError, match="one DiT estimator"):
+        assemble.with_dit_shape(text.replace("cosyvoice.flow.DiT.dit.DiT", "cosyvoice.flow.other"), {})
+
+    voice, out = tmp_path / "voice", tmp_path / "out"
+    voice.mkdir()
+    (voice / "cosyvoice3.yaml").write_text(text, encoding="utf-8")
+    flow = {"model": {"w": torch.zeros(2)}, "config": {"dit": {"dim": 256, "depth": 12, "heads": 4}}}
+    assemble.replace_flow(voice, flow, out, steps=None, cfg_rate=None)
+    assert (out / "cosyvoice3.yaml").read_text(encoding="utf-8") == deeper
+    assert (voice / "cosyvoice3.yaml").read_text(encoding="utf-8") == text  # the source voice untouched
+    assert "flow.pt" in (out / "SHA256SUMS").read_text()
+
+
 def test_validation_clips_stay_out_of_the_round_trips_sentences(tmp_path: Path) -> None:
     corpus = tmp_path / "data"
     corpus.mkdir()

@@ -10,8 +10,9 @@ training module's (float32) on held-out sentences.
     python -m scripts.voice assemble --work DIR    # <work>/train/{lm,flow}/best.pt, data/voice/blank, the ONNX file
 
 A session that trained only the flow (no ``<work>/train/lm/best.pt``) replaces it in a copy of an assembled voice
-(its yaml, LM, tokenizer and ONNX file kept; the flow must have the yaml's shape, which loading the copy through
-specli's strict loader checks); ``--out DIR`` writes elsewhere than into the voice.
+(its LM, tokenizer and ONNX file kept; the yaml's DiT dim / depth / heads become the flow's, the rest of its
+shape must be the yaml's, which loading the copy through specli's strict loader checks); ``--out DIR`` writes
+elsewhere than into the voice.
 
 ``--flow-steps N`` / ``--cfg-rate W`` write the flow's default Euler steps and guidance weight into the yaml's
 ``cfm_params`` (``n_timesteps``, specli's own optional key, and upstream's ``inference_cfg_rate``), e.g. 1 and 0 for
@@ -189,6 +190,22 @@ def with_cfm_keys(text: str, n_timesteps: int | None, cfg_rate: float | None) ->
     return text
 
 
+def with_dit_shape(text: str, dit: dict) -> str:
+    """The yaml ``text`` with its DiT estimator's ``dim`` / ``depth`` / ``heads`` set to ``dit``'s (a flow run's
+    ``config["dit"]``): a flow grown deeper (``flow --depth``) replaced into a voice then loads with its own shape."""
+    block = re.compile(r"^( +)estimator: *!new:cosyvoice\.flow\.DiT\.dit\.DiT *\n((?:\1 +\S.*\n)+)", re.M)
+    found = list(block.finditer(text))
+    if len(found) != 1:
+        raise ValueError(f"expected one DiT estimator in the yaml, found {len(found)}")
+    body = found[0].group(2)
+    for key in ("dim", "depth", "heads"):
+        line = re.compile(rf"^( +){key}: *\S+ *$", re.M)
+        if len(line.findall(body)) != 1:
+            raise ValueError(f"expected one {key} line in the yaml's DiT estimator")
+        body = line.sub(lambda m: f"{m.group(1)}{key}: {int(dit[key])}", body)
+    return text[:found[0].start(2)] + body + text[found[0].end(2):]
+
+
 def write_sums(out: Path) -> None:
     lines = []
     for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != "SHA256SUMS"):
@@ -213,14 +230,17 @@ def check_lm(module: VoiceLM, out: Path, blank: Path, codebook: int, corpus: Pat
 def replace_flow(source: Path, flow: dict | None, out: Path, steps: int | None = None,
                  cfg_rate: float | None = None) -> None:
     """``out`` = a copy of the assembled voice ``source`` with the flow of ``flow`` (a flow run's best.pt; None
-    keeps the voice's) and the yaml's CFM keys set (:func:`with_cfm_keys`); the flow's shape must be the yaml's
-    (the caller loads ``out`` through specli's strict loader, which checks every key)."""
+    keeps the voice's), the yaml's DiT shape set to that flow's (:func:`with_dit_shape`) and its CFM keys set
+    (:func:`with_cfm_keys`); the rest of the flow's shape must be the yaml's (the caller loads ``out`` through
+    specli's strict loader, which checks every key)."""
     if out.resolve() != source.resolve():
         shutil.copytree(source, out, dirs_exist_ok=True)
+    yaml = out / "cosyvoice3.yaml"
+    text = with_cfm_keys(yaml.read_text(encoding="utf-8"), steps, cfg_rate)
     if flow is not None:
         write_atomic_with(out / "flow.pt", lambda fh: torch.save(half(flow["model"]), fh))
-    yaml = out / "cosyvoice3.yaml"
-    write_atomic(yaml, with_cfm_keys(yaml.read_text(encoding="utf-8"), steps, cfg_rate))
+        text = with_dit_shape(text, flow["config"]["dit"])
+    write_atomic(yaml, text)
     write_sums(out)
 
 

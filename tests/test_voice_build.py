@@ -314,6 +314,28 @@ def _tokens_file(out: Path, clips: dict[str, list[int]]) -> Path:
     return out / "tokens.npz"
 
 
+def test_the_tokens_stage_is_pending_while_the_corpus_has_clips_the_tokens_lack(tmp_path: Path) -> None:
+    """A finished corpus larger than the committed tokens (a build with more hours) leaves `tokens` to do; a corpus
+    they cover, or none, does not."""
+    import json
+
+    lay = Layout(tmp_path, voice=tmp_path / "voice", committed=tmp_path / "committed")
+    _tokens_file(lay.committed / "tokens", {"a": [1, 2], "b": [3]})
+    lay.data.mkdir()
+
+    def corpus(train: list[str]) -> None:
+        (lay.data / "heldout.tsv").write_text("a\tHeld out.\t1.0\n", encoding="utf-8")
+        (lay.data / "train.tsv").write_text("".join(f"{c}\tText.\t1.0\n" for c in train), encoding="utf-8")
+        man = {"selection": {"limit": None}, "counts": {"train": len(train), "heldout": 1}}
+        (lay.data / "manifest.json").write_text(json.dumps(man), encoding="utf-8")
+
+    assert build._tokens_done(lay)  # no corpus here: the committed tokens stand
+    corpus(["b"])
+    assert build._tokens_done(lay)
+    corpus(["b", "c"])
+    assert not build._tokens_done(lay) and "tokens" in build.pending(lay)
+
+
 def test_another_tokenizers_codes_start_from_the_rows_they_co_occur_with(tmp_path: Path) -> None:
     import torch
 

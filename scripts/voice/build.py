@@ -120,17 +120,20 @@ def _tokens(lay: Layout, args: argparse.Namespace) -> None:
 
 
 def _tokens_done(lay: Layout) -> bool:
-    """The committed tokens exist and were made by the tokenizer they come from (``Layout.speech_tokenizer``)."""
+    """The committed tokens exist, were made by the tokenizer they come from (``Layout.speech_tokenizer``) and,
+    when the work directory holds a finished corpus, cover every clip of it (a larger build adds clips)."""
     if not lay.tokens.is_file():
         return False
-    if not lay.speech_tokenizer.is_file():
-        return True
     import numpy as np
 
+    from .tokenizer.data import build_complete, load_corpus
     from .tokenizer.export import sha256_file
 
     with np.load(lay.tokens) as z:
-        return str(z["onnx_sha256"]) == sha256_file(lay.speech_tokenizer)
+        sha, ids = str(z["onnx_sha256"]), set(z["ids"].tolist())
+    if lay.speech_tokenizer.is_file() and sha != sha256_file(lay.speech_tokenizer):
+        return False
+    return not build_complete(lay.data) or all(clip.id in ids for clip in load_corpus(lay.data)[0])
 
 
 def _text_tokenizer_args(ap: argparse.ArgumentParser) -> None:

@@ -34,8 +34,10 @@ Writes ``report.json``, ``README.md`` and ``mel.png`` (piper's and specli's log-
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -50,6 +52,7 @@ from specli.asr.pipeline import transcribe
 from specli.asr.windows import TranscribeOptions
 from specli.bench.runner import machine_info
 from specli.bench.wer import ErrorCounts, error_counts, paired_wer_diff
+from specli.models.cosyvoice.lm import resolve_cosyvoice
 from specli.tts.acoustic.hifigan import load_hifigan
 
 RATE = 22050
@@ -198,11 +201,21 @@ def report(args: argparse.Namespace, clips, texts: dict[str, dict[str, str]], ex
         systems[name]["vs_specli"] = paired_wer_diff(per_system["specli"], per_system[name])
     for name in extra.get("flow_variants", {}):
         systems[name]["vs_flow"] = paired_wer_diff(per_system["flow"], per_system[name])
-    return {"voice": args.voice, "sentences": len(clips), "first": args.first, "threads": args.threads,
+    return {"voice": args.voice, "voice_sha256": voice_digest(args.voice), "preset": args.preset,
+            "command": shlex.join(["python", "benchmarks/voice_roundtrip.py", *sys.argv[1:]]),
+            "sentences": len(clips), "first": args.first, "threads": args.threads,
             "seed": args.seed, "machine": machine_info(args.threads), "torch": torch.__version__,
             "systems": systems, **extra,
             "examples": [{"ref": text, **{n: texts[n].get(cid, "") for n in texts}} for cid, text in clips[:5]],
             "heard": {n: {cid: texts[n].get(cid, "") for cid, _ in clips} for n in texts}}
+
+
+def voice_digest(voice: str) -> dict[str, str]:
+    """sha256 of each weight file of the voice (``*.pt`` / ``*.onnx``): a report names the bytes it measured, so a
+    candidate directory measured before shipping can be matched with what was shipped."""
+    root = resolve_cosyvoice(voice)
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())
+            if p.suffix in (".pt", ".onnx")}
 
 
 def write_markdown(rep: dict, path: Path) -> None:

@@ -108,7 +108,6 @@ def copy_synthesis(corpus: Path, clips: list[tuple[str, str]], out: Path) -> dic
 def flow_from_tokens(voice: str, clips: list[tuple[str, str]], out: Path, tokens: Path, seed: int,
                      name: str = "flow") -> float:
     """The voice's flow + vocoder on each clip's committed speech tokens -> ``out/name``; seconds spent."""
-    from specli.models.cosyvoice.lm import resolve_cosyvoice
     from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt
 
     vocalizer = Vocalizer.from_dir(resolve_cosyvoice(voice), "cosyvoice3")

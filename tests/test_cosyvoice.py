@@ -146,6 +146,23 @@ def test_bad_requests(ckpts):
         prepare(m3, SynthesisRequest("x", "hi", "", (S,)))
 
 
+def test_a_line_too_long_is_cut_into_pieces_each_tokenized_once(ckpts, monkeypatch):
+    """The pieces of a line too long for the model are each prepared as alone, and no piece text is tokenized twice
+    (the fit checks' preparations are the pieces')."""
+
+    m3 = load_cosyvoice(str(ckpts["cosyvoice3", None]))
+    text = " ".join(f"Sentence number {i} has a few words in it." for i in range(12))
+    encoded: list[str] = []
+    encode = m3.tokenizer.encode
+    monkeypatch.setattr(m3.tokenizer, "encode", lambda t: encoded.append(t) or encode(t))
+    pieces = Synthesizer(m3, SynthesisOptions(split=True)).pieces(SynthesisRequest("x", text))
+    said = [t for t in encoded if t != CV3_DEFAULT_PROMPT]
+    assert len(said) == len(set(said)) and text in said
+    assert len(pieces) > 1 and " ".join(r.text for r, _ in pieces) == text
+    for r, prep in pieces:
+        assert r.id.startswith("x#") and prep == prepare(m3, SynthesisRequest("y", r.text))
+
+
 def test_spec_numbers_per_kind():
     cv2, cv3 = SpeechLMSpec("cosyvoice2"), SpeechLMSpec("cosyvoice3")
     assert (cv2.speech_rows, cv2.eos, cv2.fill, list(cv2.stop_ids), cv2.head_bias) == (6564, 6561, 6563,

@@ -196,23 +196,29 @@ class Synthesizer:
         further: too long)."""
         split = self.options.split and ENDOFPROMPT not in request.text  # a prompt inside the text is not cut
         texts = short_pieces(request.text, self.model.spec.max_piece_words) if split else [request.text]
+        tried: dict[str, PreparedRequest | None] = {}  # piece text -> prepared (None: too long): tokenized once
         if len(texts) == 1:
             try:
                 return [(request, prepare(self.model, request))]
             except TooLongError:
                 if not split:
                     raise
-        texts = [piece for text in texts for piece in self._fitting(request, text)]
+                tried[request.text] = None
+        texts = [piece for text in texts for piece in self._fitting(request, text, tried)]
         parts = [replace(request, id=piece_id(request.id, k), text=t) for k, t in enumerate(texts, 1)]
-        return [(r, prepare(self.model, r)) for r in parts]
+        return [(r, tried.get(r.text) or prepare(self.model, r)) for r in parts]
 
-    def _fitting(self, request: SynthesisRequest, text: str) -> list[str]:
-        """``text`` (of ``request``) in pieces that each fit the model (:func:`split_to_fit`)."""
+    def _fitting(self, request: SynthesisRequest, text: str, tried: dict[str, PreparedRequest | None]) -> list[str]:
+        """``text`` (of ``request``) in pieces that each fit the model (:func:`split_to_fit`); each piece tried is
+        recorded in ``tried``."""
 
         def fits(piece: str) -> bool:
+            if piece in tried:
+                return tried[piece] is not None
             try:
-                prepare(self.model, replace(request, text=piece))
+                tried[piece] = prepare(self.model, replace(request, text=piece))
             except TooLongError:
+                tried[piece] = None
                 return False
             except SynthesisInputError:
                 return True  # its own error is reported when the piece is prepared

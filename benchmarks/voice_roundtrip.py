@@ -59,12 +59,15 @@ RATE = 22050
 N_FFT, HOP, FMAX = 1024, 256, 8000.0
 
 
-def heldout(corpus: Path, n: int, first: int = 0) -> list[tuple[str, str]]:
-    """``(clip id, text)`` of ``n`` held-out sentences from the ``first``-th (0: the first ``n``)."""
-    rows = [line.split("\t")[:2] for line in (corpus / "heldout.tsv").read_text().splitlines() if line.strip()]
+def heldout(corpus: Path, n: int, first: int = 0, split: str = "heldout") -> list[tuple[str, str]]:
+    """``(clip id, text)`` of ``n`` held-out sentences from the ``first``-th (0: the first ``n``); ``split``
+    "train": training sentences instead (in train.tsv's order, the sha1 order: is a figure a floor of the tokens or a
+    gap the decoder leaves on sentences it never saw?)."""
+    table = corpus / f"{split}.tsv"
+    rows = [line.split("\t")[:2] for line in table.read_text().splitlines() if line.strip()]
     picked = [(cid, text) for cid, text in rows[first : first + n]]
     if len(picked) < n:
-        raise SystemExit(f"{corpus / 'heldout.tsv'} has {len(rows)} sentences: {first} + {n} asked for")
+        raise SystemExit(f"{table} has {len(rows)} sentences: {first} + {n} asked for")
     return picked
 
 
@@ -202,7 +205,7 @@ def report(args: argparse.Namespace, clips, texts: dict[str, dict[str, str]], ex
         systems[name]["vs_flow"] = paired_wer_diff(per_system["flow"], per_system[name])
     return {"voice": args.voice, "voice_sha256": voice_digest(args.voice), "preset": args.preset,
             "command": shlex.join(["python", "benchmarks/voice_roundtrip.py", *sys.argv[1:]]),
-            "sentences": len(clips), "first": args.first, "threads": args.threads,
+            "split": args.split, "sentences": len(clips), "first": args.first, "threads": args.threads,
             "seed": args.seed, "machine": machine_info(args.threads), "torch": torch.__version__,
             "systems": systems, **extra,
             "examples": [{"ref": text, **{n: texts[n].get(cid, "") for n in texts}} for cid, text in clips[:5]],
@@ -247,6 +250,8 @@ def main() -> None:
     ap.add_argument("--first", type=int, default=0,
                     help="start at this held-out sentence (e.g. 100: choose settings on sentences the ship set "
                     "has not)")
+    ap.add_argument("--split", choices=("heldout", "train"), default="heldout",
+                    help="the corpus's held-out sentences, or its training ones (the flow and LM saw them)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-copy", action="store_true", help="only piper and specli (no vocoder copies)")
@@ -264,7 +269,7 @@ def main() -> None:
     flow_variants = dict(v.split("=", 1) for v in args.flow_variant)
     if importlib.util.find_spec("matplotlib") is None:  # before minutes of synthesis, not after
         raise SystemExit("voice_roundtrip.py draws mel.png with matplotlib: pip install 'specli[plots]'")
-    clips = heldout(args.corpus, args.sentences, args.first)
+    clips = heldout(args.corpus, args.sentences, args.first, args.split)
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

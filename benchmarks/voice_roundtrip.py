@@ -34,7 +34,6 @@ Writes ``report.json``, ``README.md`` and ``mel.png`` (piper's and specli's log-
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import shlex
@@ -52,7 +51,9 @@ from specli.asr.pipeline import transcribe
 from specli.asr.windows import TranscribeOptions
 from specli.bench.runner import machine_info
 from specli.bench.wer import ErrorCounts, error_counts, paired_wer_diff
+from specli.distill.data import file_sha256
 from specli.models.cosyvoice.lm import resolve_cosyvoice
+from specli.models.cosyvoice.voices import SUMS, read_sums
 from specli.tts.acoustic.hifigan import load_hifigan
 
 RATE = 22050
@@ -214,10 +215,15 @@ def report(args: argparse.Namespace, clips, texts: dict[str, dict[str, str]], ex
 
 def voice_digest(voice: str) -> dict[str, str]:
     """sha256 of each weight file of the voice (``*.pt`` / ``*.onnx``): a report names the bytes it measured, so a
-    candidate directory measured before shipping can be matched with what was shipped."""
+    candidate directory measured before shipping can be matched with what was shipped. A voice with a
+    ``SHA256SUMS`` (specli's own, assembled ones) was checked against it on loading: its sums are read, not redone."""
     root = resolve_cosyvoice(voice)
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())
-            if p.suffix in (".pt", ".onnx")}
+    if (root / SUMS).is_file():
+        sums = read_sums(root)
+    else:
+        sums = {p.name: file_sha256(p) for p in root.iterdir() if p.is_file()}
+    return {name: digest for name, digest in sorted(sums.items())
+            if "/" not in name and Path(name).suffix in (".pt", ".onnx")}
 
 
 def write_markdown(rep: dict, path: Path) -> None:

@@ -78,16 +78,16 @@ def test_interpolation_reads_the_right_frames():
     assert torch.allclose(out, pos, atol=1e-5)
 
 
-def _tiny_graph(levels: tuple[int, ...]) -> G.TokenizerGraph:
+def _tiny_graph(levels: tuple[int, ...], taps: tuple[int, ...] = (2,)) -> G.TokenizerGraph:
     torch.manual_seed(0)
-    enc = G.Encoder(d=64, heads=2, ffn=128, n_layers=2, positions=1500)
+    enc = G.Encoder(d=64, heads=2, ffn=128, n_layers=2, positions=1500, taps=taps)
     with torch.no_grad():
         enc.embed_positions.normal_(0, 0.1)
-    return G.TokenizerGraph(enc.eval(), G.conversion_matrix(), G.FSQ(levels, dim_in=64)).eval()
+    return G.TokenizerGraph(enc.eval(), G.conversion_matrix(), G.FSQ(levels, dim_in=64 * len(taps))).eval()
 
 
-@pytest.mark.parametrize("quant", ["none", "weights"])
-def test_exported_onnx_follows_frontend_contract(tmp_path, quant):
+@pytest.mark.parametrize(("quant", "taps"), [("none", (2,)), ("weights", (2,)), ("none", (1, 2))])
+def test_exported_onnx_follows_frontend_contract(tmp_path, quant, taps):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
     from scripts.voice.tokenizer import export as X
@@ -95,7 +95,7 @@ def test_exported_onnx_follows_frontend_contract(tmp_path, quant):
     from specli.tts.acoustic.features import whisper_log_mel
     from specli.tts.acoustic.frontend import SpeechTokenizer
 
-    graph = _tiny_graph(G.LEVEL_PRESETS["3^6"])
+    graph = _tiny_graph(G.LEVEL_PRESETS["3^6"], taps)  # (1, 2): both layers' outputs concatenated
     path = tmp_path / "speech_tokenizer_v3.onnx"
     info = X.export(graph, path, ["tokens"], quant=quant)
     assert info["int8_matmuls"] == (0 if quant == "none" else 2 * 6 + 3)
@@ -133,3 +133,36 @@ def test_the_phoneme_cache_is_rewritten_whole_so_two_fillers_leave_whole_lines(t
     both = D.phonemize(clips, cache)  # two more; the three known are not redone
     assert set(both) == {c.id for c in clips} | {"0000000000ff"}
     assert D.read_phonemes(cache) == both and all("\t" in ln for ln in cache.read_text(encoding="utf-8").splitlines())
+
+
+def test_several_tap_layers_are_concatenated_before_the_fsq(tmp_path):
+    from scripts.voice.tokenizer import probe as P
+    from scripts.voice.tokenizer import store as S
+    from scripts.voice.tokenizer.train import parse_layer
+
+    assert parse_layer("6") == 6 and parse_layer("4,6") == [4, 6]  # one tap stays an int, as runs always were
+    assert G.tap_layers(6) == (6,) and G.tap_layers([4, 6]) == (4, 6)
+    for bad in ([6, 4], [4, 4], [0], []):
+        with pytest.raises(ValueError, match="distinct, ascending"):
+            G.tap_layers(bad)
+    torch.manual_seed(0)
+    enc = G.Encoder(d=64, heads=2, ffn=128, n_layers=2, positions=1500, taps=(1, 2))
+    fsq = G.FSQ(G.LEVEL_PRESETS["3^6"], dim_in=128)
+    graph = G.TokenizerGraph(enc.eval(), G.conversion_matrix(), fsq).eval()
+    mel = torch.randn(1, 128, 333) * 0.3
+    length = torch.tensor([333], dtype=torch.int32)
+    with torch.no_grad():
+        low, high = graph.features(mel, length)  # [1, n, 64] each
+        tokens = graph(mel, length)
+        assert torch.equal(tokens.long(), fsq.indices(torch.cat([low, high], -1)))
+        assert not torch.equal(tokens.long(), fsq.indices(torch.cat([high, low], -1)))  # the order matters
+    rows = [("a", {"L4": np.full((3, 512), 1.0), "L6": np.full((3, 512), 2.0)}, np.zeros((12, 80))),
+            ("b", {"L4": np.full((2, 512), 3.0), "L6": np.full((2, 512), 4.0)}, np.zeros((8, 80)))]
+    S.write_shard(tmp_path, rows)
+    fs = S.load_features(tmp_path, (4, 6), {"b"})
+    assert fs.ids == ["b"] and fs.feats.shape == (2, 1024)
+    assert (fs.feats[:, :512] == 3.0).all() and (fs.feats[:, 512:] == 4.0).all()
+    assert S.load_features(tmp_path, (6,)).feats.shape == (5, 512)
+    cfg = {"layer": [4, 6], "levels": [3] * 6, "quantise": True, "hidden": 16}
+    assert P.from_config(cfg, 10).fsq.proj.in_features == 1024
+    assert P.from_config({**cfg, "layer": 4}, 10).fsq.proj.in_features == 512

@@ -6,6 +6,7 @@ one step with its own options::
 
     features    # feature ONNX (int8 encoder, taps 4,5,6) -> per-clip features + vocoder mels
     train --layer 6 --levels 3^6 --name L6_3^6   # FSQ projection + CTC/mel probe heads
+    train --layer 4,6 --levels 3^8 --name L46    # layers 4 and 6 concatenated before the FSQ
     eval --name L6_3^6                           # held-out PER, codebook usage
     export --name L6_3^6                         # -> speech_tokenizer_v3.onnx
     tokenize                                     # every clip through that ONNX -> data/voice/tokens

@@ -6,7 +6,8 @@ Graph: Whisper 128-bin log-mel ``[1, 128, T]`` (100 frames/s) + int32 ``[1]`` = 
   -> the first ``n_layers`` blocks of the whisper-base encoder (+ its final LayerNorm), 50 Hz
   -> linear interpolation to ``n = max(1, round(T * 22050 / (1024 * 100)))`` frames (21.53 Hz, 4 mel
      frames of hop 256 at 22.05 kHz per token), frame i read at encoder position ``(i + 0.5) * 1024 / 441``
-  -> FSQ: Linear(512 -> d) -> bounded tanh -> round -> mixed-radix index (int32 ``[1, n]``).
+  -> FSQ: Linear(512 * taps -> d) -> bounded tanh -> round -> mixed-radix index (int32 ``[1, n]``); with several
+     tap layers (e.g. 4 and 6) their outputs are concatenated before the projection.
 """
 from __future__ import annotations
 
@@ -25,8 +26,17 @@ MEL_FRAMES_PER_TOKEN = 4  # hop 256 at 22.05 kHz
 RATE_22K = 22050
 # encoder frames (50 Hz) per token: 1024 / 22050 s / 0.02 s
 ENC_PER_TOKEN = TOKEN_HOP_22K * 50 / RATE_22K
+ENCODER_DIM = 512  # whisper-base's width: one tap layer's features
 LEVEL_PRESETS: dict[str, tuple[int, ...]] = {"3^8": (3,) * 8, "4^5": (4,) * 5, "3^6": (3,) * 6,
                                              "5^4": (5,) * 4, "8^3": (8,) * 3}
+
+
+def tap_layers(layer: int | Sequence[int]) -> tuple[int, ...]:
+    """A run's ``layer`` setting (one layer, or a list whose outputs are concatenated) as ascending taps."""
+    taps = (layer,) if isinstance(layer, int) else tuple(int(t) for t in layer)
+    if not taps or list(taps) != sorted(set(taps)) or taps[0] < 1:
+        raise ValueError(f"tap layers must be distinct, ascending and >= 1: {layer!r}")
+    return taps
 
 
 def n_tokens(mel_frames: int) -> int:
@@ -199,7 +209,8 @@ class FeatureGraph(nn.Module):
 
 
 class TokenizerGraph(nn.Module):
-    """The shipped tokenizer: (log-mel 128 ``[1, 128, T]``, int32 ``[1]``) -> int32 token ids ``[1, n]``."""
+    """The shipped tokenizer: (log-mel 128 ``[1, 128, T]``, int32 ``[1]``) -> int32 token ids ``[1, n]``; the FSQ
+    reads the encoder's tap layers concatenated (one tap: that layer)."""
 
     def __init__(self, encoder: Encoder, matrix: np.ndarray, fsq: FSQ) -> None:
         super().__init__()
@@ -207,5 +218,5 @@ class TokenizerGraph(nn.Module):
         self.fsq = fsq
 
     def forward(self, feats: torch.Tensor, feats_length: torch.Tensor) -> torch.Tensor:
-        h = self.features(feats, feats_length)[-1]
+        h = torch.cat(self.features(feats, feats_length), dim=-1)  # [1, n, 512 * taps]
         return self.fsq.indices(h).to(torch.int32)

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .graph import FSQ, MEL_FRAMES_PER_TOKEN
+from .graph import ENCODER_DIM, FSQ, MEL_FRAMES_PER_TOKEN, tap_layers
 from .store import FeatureSet
 
 CTC_PER_TOKEN = 2  # CTC frames per token: phonemes can outnumber 21.5 Hz tokens
@@ -65,6 +65,12 @@ class Probe(nn.Module):
         logits = self.ctc(self.norm(h)).reshape(b, n * CTC_PER_TOKEN, -1)
         mel = self.mel(c.transpose(1, 2)).transpose(1, 2).reshape(b, n * MEL_FRAMES_PER_TOKEN, self.mel_bins)
         return logits.log_softmax(-1), mel
+
+
+def from_config(cfg: dict, n_symbols: int) -> Probe:
+    """The probe of a run's config (its FSQ reads ``512 * taps`` features), untrained."""
+    dim_in = ENCODER_DIM * len(tap_layers(cfg["layer"]))
+    return Probe(cfg["levels"], n_symbols, cfg["quantise"], dim_in=dim_in, hidden=cfg["hidden"])
 
 
 class Batch:

@@ -55,10 +55,11 @@ def load_run(work: Path, name: str) -> dict:
 
 def build_graph(work: Path, run: dict) -> G.TokenizerGraph:
     cfg = run["config"]
-    fsq = G.FSQ(cfg["levels"])
+    taps = G.tap_layers(cfg["layer"])
+    fsq = G.FSQ(cfg["levels"], dim_in=G.ENCODER_DIM * len(taps))
     fsq.load_state_dict(run["fsq"])
     matrix = np.load(work / "mel128to80.npy")
-    return G.TokenizerGraph(G.load_encoder(cfg["layer"]), matrix, fsq).eval()
+    return G.TokenizerGraph(G.load_encoder(max(taps), taps), matrix, fsq).eval()
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -91,7 +92,8 @@ def write_config(args: argparse.Namespace, run: dict, res: dict, info: dict, rec
                      "token_rate_hz": G.RATE_22K / G.TOKEN_HOP_22K, "mel_frames_per_token": 4,
                      "training_audio": "22.05 kHz wav zero-padded to a multiple of 1024 samples, soxr HQ "
                                        "to 16 kHz"},
-        "encoder": {"model": "whisper-base (bundled)", "layers": cfg["layer"], "final_layer_norm": True,
+        "encoder": {"model": "whisper-base (bundled)", "layers": max(G.tap_layers(cfg["layer"])),
+                    "taps": list(G.tap_layers(cfg["layer"])), "final_layer_norm": True,
                     "interpolation": "linear, token i at encoder frame (i+0.5)*1024/441"},
         "mel_conversion": {"shape": [80, 128], "method": "row-wise NNLS: M @ F128 ~ F80 (slaney 0-8 kHz, "
                            "n_fft 400, 16 kHz); 10^(4x-4) -> M -> log10 clamp 1e-10 -> max-8 -> (x+4)/4",
@@ -232,8 +234,7 @@ See ../tokenizer.json for the tokenizer's levels, layers and measurements.
 
 
 def probe_from_run(run: dict) -> P.Probe:
-    cfg = run["config"]
-    model = P.Probe(cfg["levels"], len(run["symbols"]), cfg["quantise"], hidden=cfg["hidden"])
+    model = P.from_config(run["config"], len(run["symbols"]))
     model.load_state_dict(run["model"])
     return model.eval()
 
@@ -247,7 +248,7 @@ def check_onnx(args: argparse.Namespace) -> int:
     clips, _ = D.load_corpus(args.data)
     held = [c for c in clips if c.split == "heldout"]
     ipa = D.phonemize(held, args.work / "phonemes.tsv")
-    fs = S.load_features(args.work / "features", run["config"]["layer"], {c.id for c in held})
+    fs = S.load_features(args.work / "features", G.tap_layers(run["config"]["layer"]), {c.id for c in held})
     table = {s: i + 1 for i, s in enumerate(run["symbols"])}
     sess = X.session(args.onnx, threads=1)
     same = total = errs = ref_len = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,7 @@ class FeatureSet:
     ids: list[str]
     n: np.ndarray  # [clips] int64
     offsets: np.ndarray  # [clips] int64, token rows
-    feats: np.ndarray  # [tokens, d] float16
+    feats: np.ndarray  # [tokens, 512 * taps] float16
     mel: np.ndarray  # [4 * tokens, 80] float16
 
     def clip(self, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -71,8 +72,9 @@ class FeatureSet:
         return self.feats[a:a + n], self.mel[4 * a:4 * (a + n)]
 
 
-def load_features(root: Path, layer: int, want: set[str] | None = None) -> FeatureSet:
-    """Load tap layer ``layer`` (and the mels) of the clips in ``want`` (all when None)."""
+def load_features(root: Path, layers: Sequence[int], want: set[str] | None = None) -> FeatureSet:
+    """Load tap layers ``layers``, concatenated per token (``[tokens, 512 * len(layers)]``), and the mels of the
+    clips in ``want`` (all when None)."""
     ids, ns, feats, mels = [], [], [], []
     for p in shard_paths(root):
         with np.load(p) as z:
@@ -80,7 +82,7 @@ def load_features(root: Path, layer: int, want: set[str] | None = None) -> Featu
             keep = np.array([want is None or i in want for i in sid])
             if not keep.any():
                 continue
-            f, m = z[f"L{layer}"], z["mel"]
+            f, m = np.concatenate([z[f"L{k}"] for k in layers], axis=1), z["mel"]
             starts = np.concatenate([[0], np.cumsum(sn)[:-1]])
             for i in np.flatnonzero(keep):
                 a, n = starts[i], sn[i]

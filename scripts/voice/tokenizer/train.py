@@ -25,10 +25,20 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
 
+def parse_layer(text: str) -> int | list[int]:
+    """``--layer``: ``6`` (one tap, stored as an int as runs always were) or ``4,6`` (stored as a list)."""
+    try:
+        taps = G.tap_layers([int(t) for t in text.split(",")])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return taps[0] if len(taps) == 1 else list(taps)
+
+
 def add_parsers(sub) -> None:  # argparse._SubParsersAction
     t = sub.add_parser("train", help="train the FSQ projection with CTC + mel probe heads")
     t.add_argument("--name", required=True, help="run name: <work>/runs/<name>")
-    t.add_argument("--layer", type=int, default=6, help="encoder tap layer (default %(default)s)")
+    t.add_argument("--layer", type=parse_layer, default=6,
+                   help="encoder tap layer, or layers whose outputs are concatenated: 4,6 (default %(default)s)")
     t.add_argument("--levels", default="3^6", help=f"FSQ levels: {', '.join(G.LEVEL_PRESETS)} or 3,3,3,...")
     t.add_argument("--continuous", action="store_true", help="no rounding (the continuous reference)")
     t.add_argument("--train-hours", type=float, default=None, help="use the first H hours of training clips")
@@ -76,7 +86,7 @@ def encode_targets(fs: S.FeatureSet, ipa: dict[str, str], syms: list[str]) -> li
     return [[table[s] for s in D.phone_symbols(ipa[i]) if s in table] for i in fs.ids]
 
 
-def load_sets(args: argparse.Namespace, run_dir: Path, layer: int, hours: float | None):
+def load_sets(args: argparse.Namespace, run_dir: Path, layer: int | list[int], hours: float | None):
     """(train FeatureSet, held-out FeatureSet, train targets, held-out targets, symbols)."""
     clips, _ = D.load_corpus(args.data)
     ipa = D.phonemize(clips, args.work / "phonemes.tsv")
@@ -88,8 +98,8 @@ def load_sets(args: argparse.Namespace, run_dir: Path, layer: int, hours: float 
         train = train[: int(np.searchsorted(cum, hours)) + 1]
     held = {c.id for c in clips if c.split == "heldout" and c.id in have}
     syms = symbol_table(run_dir, [ipa[c.id] for c in train])
-    tr = S.load_features(root, layer, {c.id for c in train})
-    ho = S.load_features(root, layer, held)
+    tr = S.load_features(root, G.tap_layers(layer), {c.id for c in train})
+    ho = S.load_features(root, G.tap_layers(layer), held)
     log(f"train: {len(tr.ids)} clips, {tr.n.sum() / G.RATE_22K * G.TOKEN_HOP_22K / 3600:.2f} h, "
         f"{tr.n.sum()} tokens; held-out {len(ho.ids)} clips; {len(syms)} phone symbols")
     return tr, ho, encode_targets(tr, ipa, syms), encode_targets(ho, ipa, syms), syms
@@ -112,7 +122,7 @@ def save_atomic(obj: dict, path: Path) -> None:
 
 def make_model(cfg: dict, n_symbols: int) -> P.Probe:
     torch.manual_seed(cfg["seed"])
-    return P.Probe(cfg["levels"], n_symbols, cfg["quantise"], hidden=cfg["hidden"])
+    return P.from_config(cfg, n_symbols)
 
 
 def resume(run_dir: Path, cfg: dict, model: P.Probe, opt: torch.optim.Optimizer) -> dict:

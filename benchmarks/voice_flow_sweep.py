@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -150,7 +151,8 @@ def main() -> None:
     rep = {"voice": args.voice, "sentences": len(clips), "threads": args.threads, "seed": args.seed,
            "long_tokens": LONG, "long_sentences": sum(n > LONG for n in lengths.values()),
            "machine": machine_info(args.threads), "torch": torch.__version__,
-           "command": " ".join(sys.argv), "mel_l1": {}, "systems": {}}
+           "command": shlex.join(["python", "benchmarks/voice_flow_sweep.py", *sys.argv[1:]]),
+           "mel_l1": {}, "systems": {}}
     args.out.mkdir(parents=True, exist_ok=True)
     grid = [(int(s), float(c)) for s in args.steps.split(",") for c in args.cfg.split(",")]
     l1_cache = args.work / f"mel_l1-{len(clips)}.json"

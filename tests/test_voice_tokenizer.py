@@ -158,6 +158,12 @@ def test_several_tap_layers_are_concatenated_before_the_fsq(tmp_path):
         assert not torch.equal(tokens.long(), fsq.indices(torch.cat([high, low], -1)))  # the order matters
     rows = [("a", {"L4": np.full((3, 512), 1.0), "L6": np.full((3, 512), 2.0)}, np.zeros((12, 80))),
             ("b", {"L4": np.full((2, 512), 3.0), "L6": np.full((2, 512), 4.0)}, np.zeros((8, 80)))]
+    with pytest.raises(SystemExit, match=r"holds encoder layers \[\], not \[4, 6\]"):
+        S.check_taps(tmp_path, (4, 6))  # no features yet
+    S.check_meta(tmp_path, {"onnx_sha256": "x", "taps": [4, 6]})
+    S.check_taps(tmp_path, (4, 6))
+    with pytest.raises(SystemExit, match=r"holds encoder layers \[4, 6\], not \[5\]: .*--taps 4,5,6"):
+        S.check_taps(tmp_path, (4, 5))
     S.write_shard(tmp_path, rows)
     fs = S.load_features(tmp_path, (4, 6), {"b"})
     assert fs.ids == ["b"] and fs.feats.shape == (2, 1024)

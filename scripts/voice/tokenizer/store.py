@@ -42,6 +42,17 @@ def check_meta(root: Path, meta: dict) -> None:
     path.write_text(json.dumps(meta, indent=1) + "\n")
 
 
+def check_taps(root: Path, taps: Sequence[int]) -> None:
+    """Refuse, by name, tap layers the cached features do not hold (``features --taps`` chose them)."""
+    meta = root / "meta.json"
+    have = json.loads(meta.read_text())["taps"] if meta.is_file() else []
+    missing = [t for t in taps if t not in have]
+    if missing:
+        raise SystemExit(f"error: {root} holds encoder layers {have}, not {missing}: extract them first "
+                         f"(tokenizer features --taps {','.join(map(str, sorted({*have, *taps})))}, a new "
+                         "features directory)")
+
+
 def write_shard(root: Path, rows: list[tuple[str, dict[str, np.ndarray], np.ndarray]]) -> Path:
     """rows: (clip id, {"L<k>": [n, d] float}, mel [4n, 80]) -> the next shard file."""
     index = len(shard_paths(root))

@@ -91,6 +91,7 @@ def load_sets(args: argparse.Namespace, run_dir: Path, layer: int | list[int], h
     clips, _ = D.load_corpus(args.data)
     ipa = D.phonemize(clips, args.work / "phonemes.tsv")
     root = args.work / "features"
+    S.check_taps(root, G.tap_layers(layer))
     have = S.done_ids(root)
     train = [c for c in clips if c.split == "train" and c.id in have]
     if hours is not None:

@@ -39,6 +39,11 @@ def tap_layers(layer: int | Sequence[int]) -> tuple[int, ...]:
     return taps
 
 
+def feature_dim(layer: int | Sequence[int]) -> int:
+    """Width of the features the FSQ reads for a run's ``layer`` setting: ``512 * taps``."""
+    return ENCODER_DIM * len(tap_layers(layer))
+
+
 def n_tokens(mel_frames: int) -> int:
     """Tokens for a clip whose Whisper log-mel has ``mel_frames`` frames (100 frames/s)."""
     return max(1, round(mel_frames * RATE_22K / (TOKEN_HOP_22K * 100)))

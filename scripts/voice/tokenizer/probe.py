@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .graph import ENCODER_DIM, FSQ, MEL_FRAMES_PER_TOKEN, tap_layers
+from .graph import FSQ, MEL_FRAMES_PER_TOKEN, feature_dim
 from .store import FeatureSet
 
 CTC_PER_TOKEN = 2  # CTC frames per token: phonemes can outnumber 21.5 Hz tokens
@@ -69,8 +69,7 @@ class Probe(nn.Module):
 
 def from_config(cfg: dict, n_symbols: int) -> Probe:
     """The probe of a run's config (its FSQ reads ``512 * taps`` features), untrained."""
-    dim_in = ENCODER_DIM * len(tap_layers(cfg["layer"]))
-    return Probe(cfg["levels"], n_symbols, cfg["quantise"], dim_in=dim_in, hidden=cfg["hidden"])
+    return Probe(cfg["levels"], n_symbols, cfg["quantise"], dim_in=feature_dim(cfg["layer"]), hidden=cfg["hidden"])
 
 
 class Batch:

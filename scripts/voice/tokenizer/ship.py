@@ -56,7 +56,7 @@ def load_run(work: Path, name: str) -> dict:
 def build_graph(work: Path, run: dict) -> G.TokenizerGraph:
     cfg = run["config"]
     taps = G.tap_layers(cfg["layer"])
-    fsq = G.FSQ(cfg["levels"], dim_in=G.ENCODER_DIM * len(taps))
+    fsq = G.FSQ(cfg["levels"], dim_in=G.feature_dim(taps))
     fsq.load_state_dict(run["fsq"])
     matrix = np.load(work / "mel128to80.npy")
     return G.TokenizerGraph(G.load_encoder(max(taps), taps), matrix, fsq).eval()
@@ -80,6 +80,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def write_config(args: argparse.Namespace, run: dict, res: dict, info: dict, record: Path) -> None:
     cfg = run["config"]
+    taps = G.tap_layers(cfg["layer"])
     matrix = np.load(args.work / "mel128to80.npy")
     doc = {
         "onnx": {"file": ONNX_NAME, "sha256": info["sha256"], "bytes": info["bytes"],
@@ -92,8 +93,8 @@ def write_config(args: argparse.Namespace, run: dict, res: dict, info: dict, rec
                      "token_rate_hz": G.RATE_22K / G.TOKEN_HOP_22K, "mel_frames_per_token": 4,
                      "training_audio": "22.05 kHz wav zero-padded to a multiple of 1024 samples, soxr HQ "
                                        "to 16 kHz"},
-        "encoder": {"model": "whisper-base (bundled)", "layers": max(G.tap_layers(cfg["layer"])),
-                    "taps": list(G.tap_layers(cfg["layer"])), "final_layer_norm": True,
+        "encoder": {"model": "whisper-base (bundled)", "layers": max(taps), "taps": list(taps),
+                    "final_layer_norm": True,
                     "interpolation": "linear, token i at encoder frame (i+0.5)*1024/441"},
         "mel_conversion": {"shape": [80, 128], "method": "row-wise NNLS: M @ F128 ~ F80 (slaney 0-8 kHz, "
                            "n_fft 400, 16 kHz); 10^(4x-4) -> M -> log10 clamp 1e-10 -> max-8 -> (x+4)/4",

@@ -90,8 +90,8 @@ def load_sets(args: argparse.Namespace, run_dir: Path, layer: int | list[int], h
     """(train FeatureSet, held-out FeatureSet, train targets, held-out targets, symbols)."""
     clips, _ = D.load_corpus(args.data)
     ipa = D.phonemize(clips, args.work / "phonemes.tsv")
-    root = args.work / "features"
-    S.check_taps(root, G.tap_layers(layer))
+    root, taps = args.work / "features", G.tap_layers(layer)
+    S.check_taps(root, taps)
     have = S.done_ids(root)
     train = [c for c in clips if c.split == "train" and c.id in have]
     if hours is not None:
@@ -99,8 +99,8 @@ def load_sets(args: argparse.Namespace, run_dir: Path, layer: int | list[int], h
         train = train[: int(np.searchsorted(cum, hours)) + 1]
     held = {c.id for c in clips if c.split == "heldout" and c.id in have}
     syms = symbol_table(run_dir, [ipa[c.id] for c in train])
-    tr = S.load_features(root, G.tap_layers(layer), {c.id for c in train})
-    ho = S.load_features(root, G.tap_layers(layer), held)
+    tr = S.load_features(root, taps, {c.id for c in train})
+    ho = S.load_features(root, taps, held)
     log(f"train: {len(tr.ids)} clips, {tr.n.sum() / G.RATE_22K * G.TOKEN_HOP_22K / 3600:.2f} h, "
         f"{tr.n.sum()} tokens; held-out {len(ho.ids)} clips; {len(syms)} phone symbols")
     return tr, ho, encode_targets(tr, ipa, syms), encode_targets(ho, ipa, syms), syms

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -112,6 +113,25 @@ def test_exported_onnx_follows_frontend_contract(tmp_path, quant, taps):
             ref = graph(mel, torch.tensor([mel.shape[2]], dtype=torch.int32)).long()
         agree = (ref == tokens).float().mean().item()
         assert agree == 1.0 if quant == "none" else agree > 0.8
+
+
+def test_int8_weights_writes_the_same_bytes_whatever_the_hash_seed(tmp_path):
+    """The tokenizer's sha256 is its identity (the tokens stage checks it): the int8 pass must not order its
+    DequantizeLinear nodes by set hashing, which changes with each process's PYTHONHASHSEED."""
+    pytest.importorskip("onnx")
+    import subprocess
+
+    from scripts.voice.tokenizer import export as X
+
+    fp32 = tmp_path / "fp32.onnx"
+    X.export_fp32(_tiny_graph(G.LEVEL_PRESETS["3^6"]), fp32, ["tokens"])
+    code = "import sys; from pathlib import Path; from scripts.voice.tokenizer.export import int8_weights; " \
+           "int8_weights(Path(sys.argv[1]), Path(sys.argv[2]))"
+    root = Path(__file__).resolve().parent.parent
+    for seed in ("1", "2", "3"):  # the process's hash seed is the subject
+        subprocess.run([sys.executable, "-c", code, str(fp32), str(tmp_path / f"int8-{seed}.onnx")], check=True,
+                       cwd=root, env={**os.environ, "PYTHONHASHSEED": seed})
+    assert len({(tmp_path / f"int8-{s}.onnx").read_bytes() for s in ("1", "2", "3")}) == 1
 
 
 def test_the_phoneme_cache_is_rewritten_whole_so_two_fillers_leave_whole_lines(tmp_path, monkeypatch):

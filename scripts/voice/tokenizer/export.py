@@ -61,7 +61,7 @@ def int8_targets(path: Path, extra: bool) -> dict[str, int]:
     import onnx
 
     model = onnx.load(str(path))
-    inits = {i.name for i in model.graph.initializer}
+    inits = [i.name for i in model.graph.initializer]  # graph order: the written file must not follow set hashing
     names = set(encoder_matmuls(path))
     out = {n.input[1]: 1 for n in model.graph.node if n.name in names and n.input[1] in inits}
     if extra:  # "encoder.*" in the feature graph, "features.encoder.*" in the tokenizer graph

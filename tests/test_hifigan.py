@@ -365,7 +365,7 @@ def test_wrong_keys_and_shapes(tmp_path: Path) -> None:
         "unexpected key 'extra.bias'": {**state, "extra.bias": torch.zeros(1)},
         "missing key 'resblocks.0.convs1.0.weight_v'": {k: v for k, v in state.items()
                                                         if k != "resblocks.0.convs1.0.weight_v"},
-        "key 'generator' holds an? \w*Dict": {"generator": state, "optim_g": {}},
+        r"key 'generator' holds an? \w*Dict": {"generator": state, "optim_g": {}},
     }
     for match, bad in cases.items():
         path = tmp_path / "bad.pt"

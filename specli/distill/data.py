@@ -24,7 +24,6 @@ a rerun skips them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ import torch
 
 from specli.io.atomic import write_atomic, write_atomic_with
 from specli.io.audio import iter_audio_chunks
+from specli.io.digest import file_sha256
 from specli.asr.drafters.eagle_head import target_fingerprint
 from specli.asr.fallback import AR, WindowDecode
 from specli.models.whisper.loader import WhisperModel
@@ -187,12 +187,6 @@ def generate(
 def dtype_name(model: WhisperModel) -> str:
     """The preset name of the target's numeric type (``int8`` for the weight-only int8 decoder)."""
     return next(name for name, dt in DTYPES.items() if dt == model.target.dtype)
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes (hex): labels name their audio by it."""
-    with Path(path).open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def load_windows(data_dir: Path) -> list[dict]:

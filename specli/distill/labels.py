@@ -24,11 +24,12 @@ import torch
 
 from specli.asr.drafters.eagle_head import target_fingerprint
 from specli.asr.windows import WindowReader
-from specli.distill.data import (DataSummary, Progress, add_shard, dtype_name, file_sha256, read_manifest,
+from specli.distill.data import (DataSummary, Progress, add_shard, dtype_name, read_manifest,
                                  window_record, write_manifest)
 from specli.errors import SpecliError
 from specli.io.atomic import write_atomic
 from specli.io.audio import N_SAMPLES, iter_audio_chunks
+from specli.io.digest import file_sha256
 from specli.models.whisper.loader import WhisperModel
 
 VERSION = 1

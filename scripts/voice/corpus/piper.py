@@ -49,7 +49,6 @@ no licence, which is why no text or audio is committed, only sha1s.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -64,6 +63,8 @@ from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+
+from specli.io.digest import file_sha256
 
 from .sentences import (EXCLUDED_FORTUNE_FILES, FORTUNE_DIR, HELDOUT_PREFIXES, MAX_UNKNOWN_WORDS, MAX_WORDS, MIN_WORDS,
                         WORDLIST, WORDNET_DIR, Selection, fortune_files, pool, sha1)
@@ -198,11 +199,6 @@ def wav_frames(path: Path) -> int | None:
     return frames
 
 
-def sha256_file(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -246,7 +242,7 @@ class Store:
         frames = wav_frames(path) if path.exists() else None
         if frames is None:
             return None
-        digest = sha256_file(path)
+        digest = file_sha256(path)
         if key in self.journal:
             return frames if self.journal[key] == (frames, digest) else None
         self._record(key, frames, digest)  # renamed into place, journal line lost
@@ -257,7 +253,7 @@ class Store:
         frames = wav_frames(tmp_wav)
         if frames is None:
             raise RuntimeError(f"piper wrote an unexpected wav for {key}: {tmp_wav}")
-        digest = sha256_file(tmp_wav)
+        digest = file_sha256(tmp_wav)
         os.replace(tmp_wav, self.wav(key))
         self._record(key, frames, digest)
         return frames
@@ -350,8 +346,8 @@ def fingerprint(piper: Piper) -> dict:
                   "normalize": True, "volume": 1.0, "speaker": 0},
         "voice": {"package": VOICE_PACKAGE, "version": piper.voice_version,
                   "model": piper.model.name, "sample_rate": SAMPLE_RATE,
-                  "model_sha256": sha256_file(piper.model),
-                  "config_sha256": sha256_file(piper.config)},
+                  "model_sha256": file_sha256(piper.model),
+                  "config_sha256": file_sha256(piper.config)},
     }
 
 
@@ -395,9 +391,9 @@ def build_manifest(args: argparse.Namespace, fp: dict, sel: Selection, store: St
                  "debian": debian_versions(["fortunes", "fortunes-min", "wamerican", "wordnet-base"]),
                  "wordnet": None if wordnet_dir(args) is None else str(wordnet_dir(args)),
                  "excluded_files": sorted(EXCLUDED_FORTUNE_FILES),
-                 "wordlist": {"path": str(args.wordlist), "sha256": sha256_file(args.wordlist),
+                 "wordlist": {"path": str(args.wordlist), "sha256": file_sha256(args.wordlist),
                               "max_unknown_share": MAX_UNKNOWN_WORDS},
-                 "files_sha256": {p.name: sha256_file(p) for p in files},
+                 "files_sha256": {p.name: file_sha256(p) for p in files},
                  "numbers": "sentences containing digits are dropped, never spelled out"},
         "selection": {"words": [MIN_WORDS, MAX_WORDS], "order": "sha1 of sentence text",
                       "heldout_sha1_prefixes": list(HELDOUT_PREFIXES),
@@ -432,7 +428,7 @@ def verify(piper: Piper, out: Path, n: int) -> int:
     bad = 0
     with tempfile.TemporaryDirectory(dir=out) as td:
         for key, tmp_wav in run_piper(piper, items, Path(td)):
-            old, new = sha256_file(out / "wavs" / f"{key[:12]}.wav"), sha256_file(tmp_wav)
+            old, new = file_sha256(out / "wavs" / f"{key[:12]}.wav"), file_sha256(tmp_wav)
             bad += old != new
             log(f"verify {key[:12]}: {'identical' if old == new else 'DIFFERENT'} {new}")
     log(f"verify: {len(items) - bad}/{len(items)} bit-identical")

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specli.io.digest import file_sha256
+
 from . import data as D
 from . import export as X
 from . import graph as G
@@ -50,7 +52,7 @@ def cmd_features(args: argparse.Namespace) -> int:
     taps = tuple(int(t) for t in args.taps.split(","))
     onnx_path = feature_onnx(args.work, taps, args.quant)
     root = args.work / "features"
-    S.check_meta(root, {"onnx": onnx_path.name, "onnx_sha256": X.sha256_file(onnx_path), "taps": list(taps)})
+    S.check_meta(root, {"onnx": onnx_path.name, "onnx_sha256": file_sha256(onnx_path), "taps": list(taps)})
     clips, complete = D.load_corpus(args.data)
     have = S.done_ids(root)
     todo = [c for c in clips if c.id not in have]

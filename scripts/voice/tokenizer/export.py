@@ -1,7 +1,6 @@
 """ONNX export of the tokenizer graphs, int8 weight quantisation of the encoder, and onnxruntime sessions."""
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import warnings
@@ -10,16 +9,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specli.io.digest import file_sha256
+
 INPUT_NAMES = ["feats", "feats_length"]
 OPSET = 17
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def export_fp32(module: torch.nn.Module, path: Path, output_names: list[str]) -> None:
@@ -132,7 +125,7 @@ def export(module: torch.nn.Module, path: Path, output_names: list[str], quant: 
         out = Path(td) / "out.onnx"
         nodes = {"weights": int8_weights, "dynamic": quantize_encoder}.get(quant, lambda a, b: 0)(fp32, out)
         os.replace(out if nodes else fp32, path)
-    return {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path),
+    return {"path": str(path), "bytes": path.stat().st_size, "sha256": file_sha256(path),
             "quant": quant, "int8_matmuls": nodes}
 
 

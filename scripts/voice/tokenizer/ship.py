@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specli.io.digest import file_sha256
+
 from ..paths import COMMITTED, ONNX_NAME
 from . import data as D
 from . import export as X
@@ -132,7 +134,7 @@ def tokenize_clip(sess, data: Path, clip_id: str) -> np.ndarray:
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
     onnx_path = args.onnx or args.work / ONNX_NAME
-    sha = X.sha256_file(onnx_path)
+    sha = file_sha256(onnx_path)
     clips, complete = D.load_corpus(args.data)
     if not complete and not args.allow_partial:
         raise SystemExit("error: the data build is not complete (train.tsv); pass --allow-partial to try")
@@ -266,7 +268,7 @@ def check_onnx(args: argparse.Namespace) -> int:
         errs += P.edit_distance(target, P.greedy(logp[0], len(tok)))
         ref_len += len(target)
     wall = time.monotonic() - t0
-    res = {"onnx_sha256": X.sha256_file(args.onnx), "clips": len(fs.ids), "agreement": same / total,
+    res = {"onnx_sha256": file_sha256(args.onnx), "clips": len(fs.ids), "agreement": same / total,
            "per_from_onnx_tokens": errs / ref_len, "rtf_incl_mel": wall / audio_s}
     print(json.dumps(res, indent=1))
     return 0

@@ -8,13 +8,13 @@ or partial install is a clear :class:`~specli.errors.ModelLoadError`, never a ga
 
 from __future__ import annotations
 
-import hashlib
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 
 from specli.errors import ModelLoadError
+from specli.io.digest import file_sha256
 
 # name -> description of the voices inside the package (`specli models` lists them). specli-en is trained by
 # `python -m scripts.voice` (scripts/voice/build.py), continuing from specli/voices/specli-en;
@@ -32,14 +32,6 @@ SUMS = "SHA256SUMS"
 def voices_root() -> Path:
     """``specli/voices`` of the installed package."""
     return Path(str(resources.files("specli") / "voices"))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_sums(directory: Path) -> dict[str, str]:
@@ -61,7 +53,7 @@ def verify_voice(directory: Path) -> Path:
         path = directory / rel
         if not path.is_file():
             raise ModelLoadError(f"{directory}: {rel} is missing (listed in {SUMS})")
-        if _sha256(path) != digest:
+        if file_sha256(path) != digest:
             raise ModelLoadError(f"{directory}: {rel} does not match its sha256 in {SUMS} (corrupt copy)")
     return directory
 

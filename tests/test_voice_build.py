@@ -343,7 +343,7 @@ def test_another_tokenizers_codes_start_from_the_rows_they_co_occur_with(tmp_pat
 
     old = _tokens_file(tmp_path / "old", {"a": [0, 0, 1, 2], "b": [2, 1]})
     new = _tokens_file(tmp_path / "new", {"a": [3, 3, 0, 0], "b": [1, 0]})  # 0 <- old 1, 2, 1; 3 <- old 0, 0
-    counts = cooccurrence(old, new, 3, 5)
+    counts = cooccurrence(old, new, 3, 5).toarray()
     assert counts[0].tolist() == [0, 2, 1] and counts[3].tolist() == [2, 0, 0] and counts[1].tolist() == [0, 0, 1]
     voice = tmp_path / "voice"
     voice.mkdir()

@@ -22,7 +22,6 @@ a flow trained as a one-step decoder; ``--from VOICE --out DIR`` without ``--flo
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 
 from specli.io.atomic import write_atomic, write_atomic_with
+from specli.io.digest import file_sha256
 from specli.models.cosyvoice.layout import SpeechLMSpec
 from specli.models.cosyvoice.lexicon import LEXICON
 from specli.models.cosyvoice.lm import load_cosyvoice
@@ -206,10 +206,29 @@ def with_dit_shape(text: str, dit: dict) -> str:
     return text[:found[0].start(2)] + body + text[found[0].end(2):]
 
 
+def with_flow_codebook(text: str, codebook: int) -> tuple[str, int]:
+    """The yaml ``text`` with its flow's ``vocab_size`` (the codes the flow reads) set to ``codebook``, and the
+    value it had."""
+    section = re.search(r"^flow:.*\n((?:[ \t]+\S.*\n|[ \t]*\n)*)", text, re.M)
+    if section is None:
+        raise ValueError("expected a flow section in the yaml")
+    body = section.group(1)
+    line = re.compile(r"^(    )vocab_size: *(\d+) *$", re.M)
+    found = line.findall(body)
+    if len(found) != 1:
+        raise ValueError(f"expected one vocab_size line in the yaml's flow, found {len(found)}")
+    body = line.sub(lambda m: f"{m.group(1)}vocab_size: {int(codebook)}", body)
+    return text[:section.start(1)] + body + text[section.end(1):], int(found[0][1])
+
+
+# what speaks the voice's codes: left out of a flow-only copy whose flow reads another codebook
+SPEAKS_CODES = ("llm.pt", "speech_tokenizer_v3.onnx", "dflash", "CosyVoice-BlankEN")
+
+
 def write_sums(out: Path) -> None:
     lines = []
     for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != "SHA256SUMS"):
-        lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.relative_to(out).as_posix()}")
+        lines.append(f"{file_sha256(path)}  {path.relative_to(out).as_posix()}")
     write_atomic(out / "SHA256SUMS", "\n".join(lines) + "\n")
 
 
@@ -228,20 +247,39 @@ def check_lm(module: VoiceLM, out: Path, blank: Path, codebook: int, corpus: Pat
 
 
 def replace_flow(source: Path, flow: dict | None, out: Path, steps: int | None = None,
-                 cfg_rate: float | None = None) -> None:
+                 cfg_rate: float | None = None) -> bool:
     """``out`` = a copy of the assembled voice ``source`` with the flow of ``flow`` (a flow run's best.pt; None
     keeps the voice's), the yaml's DiT shape set to that flow's (:func:`with_dit_shape`) and its CFM keys set
     (:func:`with_cfm_keys`); the rest of the flow's shape must be the yaml's (the caller loads ``out`` through
-    specli's strict loader, which checks every key)."""
-    if out.resolve() != source.resolve():
+    specli's strict loader, which checks every key).
+
+    A flow that reads another codebook than the voice's (trained on another tokenizer's codes) makes a flow-only
+    copy: the yaml's flow ``vocab_size`` set to it, and what speaks the voice's codes (``SPEAKS_CODES``: LM,
+    tokenizer, drafters) left out, so that the copy renders true tokens of that tokenizer
+    (``benchmarks/voice_roundtrip.py --flow-variant NAME=OUT@TOKENS``) and cannot be mistaken for a voice.
+    Returns whether the copy is flow-only."""
+    in_place = out.resolve() == source.resolve()
+    if not in_place:
         shutil.copytree(source, out, dirs_exist_ok=True)
     yaml = out / "cosyvoice3.yaml"
     text = with_cfm_keys(yaml.read_text(encoding="utf-8"), steps, cfg_rate)
+    flow_only = False
     if flow is not None:
+        text, codebook = with_flow_codebook(with_dit_shape(text, flow["config"]["dit"]), flow["config"]["vocab_size"])
+        flow_only = codebook != flow["config"]["vocab_size"]
+        if flow_only and in_place:
+            raise SystemExit(f"error: the flow reads {flow['config']['vocab_size']} codes, {source}'s LM speaks "
+                             f"{codebook}: a flow-only copy goes to another --out")
+        for name in SPEAKS_CODES if flow_only else ():
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
         write_atomic_with(out / "flow.pt", lambda fh: torch.save(half(flow["model"]), fh))
-        text = with_dit_shape(text, flow["config"]["dit"])
     write_atomic(yaml, text)
     write_sums(out)
+    return flow_only
 
 
 def check_cfm(vocalizer: Vocalizer, steps: int | None, cfg_rate: float | None) -> str:
@@ -260,10 +298,13 @@ def assemble(args: argparse.Namespace) -> None:
     if args.source is not None:
         if args.lm:
             raise SystemExit("error: --from keeps the voice's LM, tokenizer and ONNX file: no --lm")
-        replace_flow(args.source, flow, args.out, args.flow_steps, args.cfg_rate)
+        flow_only = replace_flow(args.source, flow, args.out, args.flow_steps, args.cfg_rate)
         vocalizer = Vocalizer.from_dir(args.out, "cosyvoice3")
         what = "its own flow" if flow is None else (f"flow of {args.flow} (step {flow['step']}, held-out "
                                                      f"{flow.get('metric', 'CFM')} {flow['val']:.4f})")
+        if flow_only:
+            what += (f", reading {flow['config']['vocab_size']} codes: a flow-only copy (no LM, tokenizer or "
+                     "drafters: for the flow on that tokenizer's true tokens, not a voice)")
         log(f"{args.out}: {what} in a copy of {args.source}; {check_cfm(vocalizer, args.flow_steps, args.cfg_rate)}; "
             f"vocalizer {vocalizer.spec.mel.sample_rate} Hz")
         return

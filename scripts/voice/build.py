@@ -127,11 +127,11 @@ def _tokens_done(lay: Layout) -> bool:
     import numpy as np
 
     from .tokenizer.data import build_complete, load_corpus
-    from .tokenizer.export import sha256_file
+    from specli.io.digest import file_sha256
 
     with np.load(lay.tokens) as z:
         sha, ids = str(z["onnx_sha256"]), set(z["ids"].tolist())
-    if lay.speech_tokenizer.is_file() and sha != sha256_file(lay.speech_tokenizer):
+    if lay.speech_tokenizer.is_file() and sha != file_sha256(lay.speech_tokenizer):
         return False
     return not build_complete(lay.data) or all(clip.id in ids for clip in load_corpus(lay.data)[0])
 
@@ -230,7 +230,7 @@ def remapped_init(args: argparse.Namespace, old_codebook: int) -> Path:
     import torch
 
     from .common import save
-    from .tokenizer.tokens import cooccurrence, remap_rows
+    from .tokenizer.tokens import cooccurrence, never_seen, remap_rows
 
     path = args.run / "init.pt"  # rebuilt each start (about a second): never another --remap-from's leftover
     counts = cooccurrence(args.remap_from, args.tokens, old_codebook, args.codebook)
@@ -241,7 +241,7 @@ def remapped_init(args: argparse.Namespace, old_codebook: int) -> Path:
             new = remap_rows(old[:old_codebook], counts)
             state[key] = torch.from_numpy(np.concatenate([new, old[old_codebook:]]))
             log(f"{key}: {tuple(old.shape)} -> {tuple(state[key].shape)} by co-occurrence "
-                f"({int((counts.sum(1) == 0).sum())} of {args.codebook} codes never seen)")
+                f"({int(never_seen(counts).sum())} of {args.codebook} codes never seen)")
     args.run.mkdir(parents=True, exist_ok=True)
     save(path, state)
     return path
@@ -322,7 +322,8 @@ def _assemble_args(ap: argparse.ArgumentParser) -> None:
 
 def assemble_plan(lay: Layout, args: argparse.Namespace) -> argparse.Namespace:
     """What assemble.py gets: the whole voice when an LM run has a best.pt, else the flow alone replaced in a copy
-    of the voice (the CFM keys alone when no flow run has one either)."""
+    of the voice (the CFM keys alone when no flow run has one either; a flow that reads another codebook than the
+    voice's gives a flow-only copy, for true-token round trips: ``assemble.replace_flow``)."""
     lm, flow = lay.run(args.lm_run) / "best.pt", lay.run(args.flow_run) / "best.pt"
     plan = argparse.Namespace(out=args.out or lay.voice, flow_steps=args.flow_steps, cfg_rate=args.cfg_rate,
                               corpus=lay.data, tokens=args.tokens or lay.tokens, flow=flow if flow.is_file() else None,

@@ -28,7 +28,8 @@ RATE_22K = 22050
 ENC_PER_TOKEN = TOKEN_HOP_22K * 50 / RATE_22K
 ENCODER_DIM = 512  # whisper-base's width: one tap layer's features
 LEVEL_PRESETS: dict[str, tuple[int, ...]] = {"3^8": (3,) * 8, "4^5": (4,) * 5, "3^6": (3,) * 6,
-                                             "5^4": (5,) * 4, "8^3": (8,) * 3}
+                                             "5^4": (5,) * 4, "8^3": (8,) * 3, "3^9": (3,) * 9,
+                                             "3^10": (3,) * 10}
 
 
 def tap_layers(layer: int | Sequence[int]) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ def cooccurrence(old_npz: Path, new_npz: Path, n_old: int, n_new: int) -> scipy.
 
     Two tokenizers of the same rate give every clip the same number of tokens, position i covering the same 4 mel
     frames; a clip whose lengths differ is an error (the files were not made from the same corpus). Sparse: a 3^10
-    codebook against 3^8 is 387M pairs, of which a corpus fills a few hundred thousand."""
+    codebook against 3^8 is 387M pairs, of which a corpus fills at most one a token."""
     old, new = speech_tokens("train", old_npz), speech_tokens("train", new_npz)
     shared = sorted(old.keys() & new.keys())
     if not shared:

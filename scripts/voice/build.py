@@ -234,6 +234,7 @@ def remapped_init(args: argparse.Namespace, old_codebook: int) -> Path:
 
     path = args.run / "init.pt"  # rebuilt each start (about a second): never another --remap-from's leftover
     counts = cooccurrence(args.remap_from, args.tokens, old_codebook, args.codebook)
+    unseen = int(never_seen(counts).sum())
     state = {k: v.float() for k, v in torch.load(args.init, weights_only=True).items()}
     for key in SPEECH_ROWS:
         if key in state:
@@ -241,7 +242,7 @@ def remapped_init(args: argparse.Namespace, old_codebook: int) -> Path:
             new = remap_rows(old[:old_codebook], counts)
             state[key] = torch.from_numpy(np.concatenate([new, old[old_codebook:]]))
             log(f"{key}: {tuple(old.shape)} -> {tuple(state[key].shape)} by co-occurrence "
-                f"({int(never_seen(counts).sum())} of {args.codebook} codes never seen)")
+                f"({unseen} of {args.codebook} codes never seen)")
     args.run.mkdir(parents=True, exist_ok=True)
     save(path, state)
     return path

@@ -29,23 +29,27 @@ def done_ids(root: Path) -> set[str]:
     return out
 
 
+def read_meta(root: Path) -> dict | None:
+    """The features directory's ``meta.json`` (the feature graph and taps its shards were made by), or None."""
+    path = root / "meta.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def check_meta(root: Path, meta: dict) -> None:
     """Create ``meta.json`` or refuse to mix shards made by a different feature graph."""
     root.mkdir(parents=True, exist_ok=True)
-    path = root / "meta.json"
-    if path.is_file():
-        old = json.loads(path.read_text())
+    old = read_meta(root)
+    if old is not None:
         if old.get("onnx_sha256") != meta["onnx_sha256"] or old.get("taps") != meta["taps"]:
             raise SystemExit(f"error: {root} holds features of another graph ({old.get('onnx_sha256')}); "
                              "use another --features dir")
         return
-    path.write_text(json.dumps(meta, indent=1) + "\n")
+    (root / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
 def check_taps(root: Path, taps: Sequence[int]) -> None:
     """Refuse, by name, tap layers the cached features do not hold (``features --taps`` chose them)."""
-    meta = root / "meta.json"
-    have = json.loads(meta.read_text())["taps"] if meta.is_file() else []
+    have = (read_meta(root) or {"taps": []})["taps"]
     missing = [t for t in taps if t not in have]
     if missing:
         raise SystemExit(f"error: {root} holds encoder layers {have}, not {missing}: extract them first "

@@ -49,5 +49,5 @@ def remap_rows(weight: np.ndarray, counts: scipy.sparse.csr_matrix) -> np.ndarra
     rows it co-occurred with (``counts [n_new, n_old]``); a code never seen gets the mean of all old rows."""
     total = np.asarray(counts.sum(axis=1)).reshape(-1, 1)
     rows = np.asarray(counts @ weight.astype(np.float64)) / np.maximum(total, 1.0)
-    rows[total[:, 0] == 0] = weight.mean(axis=0)
+    rows[never_seen(counts)] = weight.mean(axis=0)
     return rows.astype(weight.dtype)

@@ -270,7 +270,9 @@ def measure_frontend(args: argparse.Namespace, n_clips: int) -> dict:
     encoder (relative L2 per tap), on the first ``n_clips`` held-out clips."""
     from . import export as X
 
-    meta = json.loads((args.work / "features" / "meta.json").read_text())
+    meta = S.read_meta(args.work / "features")
+    if meta is None:
+        raise SystemExit(f"error: no features in {args.work / 'features'}: run `tokenizer features` first")
     taps = tuple(meta["taps"])
     sess = X.session(args.work / meta["onnx"])
     matrix = torch.from_numpy(np.load(args.work / "mel128to80.npy"))

@@ -291,16 +291,18 @@ def main() -> None:
         if not args.skip_copy:
             extra["copy_seconds"] = copy_synthesis(args.corpus, clips, work)
         extra["flow_seconds"] = flow_from_tokens(args.voice, clips, work, args.tokens, args.seed)
+        extra["flow_variants"], extra["flow_variant_seconds"] = flow_variants, {}
         for name, spec in flow_variants.items():
             voice, _, tokens = spec.partition("@")
-            flow_from_tokens(voice, clips, work, Path(tokens) if tokens else args.tokens, args.seed, name)
-        extra["flow_variants"] = flow_variants
+            extra["flow_variant_seconds"][name] = flow_from_tokens(
+                voice, clips, work, Path(tokens) if tokens else args.tokens, args.seed, name)
         records = speak(args.voice, clips, work, args.threads, args.seed,
                         options=("--preset", args.preset) if args.preset else ())
         extra["rtf"] = stage_rtf(records)
+        extra["variants"], extra["variant_rtf"] = variants, {}
         for name, options in variants.items():
-            speak(args.voice, clips, work, args.threads, args.seed, name, tuple(options.split()))
-        extra["variants"] = variants
+            extra["variant_rtf"][name] = stage_rtf(
+                speak(args.voice, clips, work, args.threads, args.seed, name, tuple(options.split())))
         copies = [] if args.skip_copy else ["hifigan-copy", "griffin-lim"]
         names = ["piper", "flow", *flow_variants, "specli", *variants, *copies]
         texts = {name: heard(work / name, args.threads) for name in names}

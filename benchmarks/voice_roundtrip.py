@@ -17,7 +17,8 @@ English, the ``whisper-base-ar`` preset), word error rate after Whisper's Englis
 Each ``--flow-variant NAME=VOICE`` puts another voice's flow on the same true tokens, scored against ``flow``
 (``NAME=VOICE@TOKENS``: on another tokenizer's tokens of the same clips, for a flow trained on them; VOICE may
 then be the flow-only copy ``python -m scripts.voice assemble --flow-run RUN --out VOICE`` writes for a flow of
-another codebook).
+another codebook); its flow + vocoder seconds are kept (``flow_variant_seconds``), as each ``--variant``'s
+per-stage real-time factor (``variant_rtf``).
 ``--first K`` starts at the K-th held-out sentence (settings are chosen on 100-199, shipped on 0-99). Each
 ``--variant`` is scored against ``specli`` on the same sentences (a paired bootstrap's 95% interval of the WER
 difference, sentences better / worse), and ``report.json`` keeps every transcript (``heard``) so that systems of two

@@ -183,12 +183,13 @@ def test_text_only_corpus_writes_sentences_and_their_text_tokens_and_resumes(tmp
     assert sum(len((out / f"{s}.jsonl").read_text().splitlines()) for s in ("train", "heldout")) == 7
 
 
-def _wordnet(root: Path, examples: list[str]) -> Path:
+def _wordnet(root: Path, examples: list[str], definitions: list[str] | None = None) -> Path:
     """WordNet's data files as Debian's wordnet-base lays them out: licence lines indented by two spaces, then one
     synset a line, its gloss after " | " (a definition, then quoted usage examples separated by "; ")."""
     root.mkdir()
     header = "  1 This software and database is being provided to you, the LICENSEE, by  \n"
-    lines = [f'{i:08d} 03 n 01 thing 0 000 | a definition; "{ex}"  \n' for i, ex in enumerate(examples)]
+    defs = definitions or ["a definition"] * len(examples)
+    lines = [f'{i:08d} 03 n 01 thing 0 000 | {d}; "{ex}"  \n' for i, (d, ex) in enumerate(zip(defs, examples))]
     (root / "data.noun").write_text(header + "".join(lines))
     for name in ("data.verb", "data.adj", "data.adv"):
         (root / name).write_text(header + "00000001 00 v 01 be 0 000 | have the quality of being  \n")
@@ -218,6 +219,34 @@ def test_wordnet_examples_follow_the_fortunes_and_never_enter_the_held_out_set(t
     (wordnet / "data.adv").unlink()
     with pytest.raises(SystemExit, match="data.adv missing .* apt-get install -y wordnet-base"):
         sentences.pool(fortunes, words, 300, wordnet)
+
+
+def test_wordnet_definitions_follow_its_examples_only_on_request(tmp_path: Path) -> None:
+    from scripts.voice.corpus import sentences
+
+    examples = ["the farmer sold his cow", "A clean shirt"]
+    # Definitions (split at ";"): a new one, one equal to an example, one equal to a fortune, one too short, one with a
+    # digit, and one inside the held-out range.
+    definitions = ["a man who grows crops and keeps animals; a clean shirt", "rain fell on the quiet town; a cow",
+                   "sold 3 times; the cook rode up the hill"]
+    fortunes, words = _fortunes(tmp_path, SENTENCES)
+    words.write_text(words.read_text() + "farmer\nsold\nhis\ncow\nclean\nshirt\nman\nwho\ngrows\ncrops\nand\n"
+                     "keeps\nanimals\ncook\nrode\nup\nhill\ntimes\n")
+    wordnet = _wordnet(tmp_path / "wordnet", [*examples, "A clean shirt"], definitions)
+    plain = sentences.pool(fortunes, words, 300, wordnet)
+    sel = sentences.pool(fortunes, words, 300, wordnet, glosses=True)
+    assert sel.heldout == plain.heldout and sel.train_pool[: len(plain.train_pool)] == plain.train_pool
+    assert [t for _s, t in sel.train_pool[len(plain.train_pool):]] == ["A man who grows crops and keeps animals."]
+    assert sel.extra == plain.extra + 1
+    with pytest.raises(ValueError, match="glosses need"):
+        sentences.pool(fortunes, words, 300, None, glosses=True)
+    argv = ["corpus", "--work", str(tmp_path / "w"), "--text-only", "--fortunes", str(fortunes), "--wordlist",
+            str(words), "--wordnet", str(wordnet)]
+    with pytest.raises(SystemExit, match="cannot go with --fortunes-only"):
+        _run([*argv, "--glosses", "--fortunes-only"])
+    assert _run([*argv, "--glosses"]) == 0
+    train = [json.loads(line)["text"] for line in (tmp_path / "w" / "text" / "train.jsonl").read_text().splitlines()]
+    assert train == [t for _s, t in sel.train_pool]
 
 
 def test_text_tokenizer_stage_trains_once_then_skips(tmp_path: Path, capsys) -> None:

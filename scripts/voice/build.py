@@ -57,7 +57,7 @@ def _corpus(lay: Layout, args: argparse.Namespace) -> None:
 
     if args.text_only:
         texts.build_text_corpus(lay.text, lay.blank, texts.Source(args.fortunes, args.wordlist, args.heldout,
-                                                                  piper.wordnet_dir(args)))
+                                                                  piper.wordnet_dir(args), args.glosses))
         return
     args.out, args.sha1_list = lay.data, lay.sha1_list
     if piper.run(args):

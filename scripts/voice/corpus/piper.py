@@ -375,7 +375,8 @@ def build_manifest(args: argparse.Namespace, fp: dict, sel: Selection, store: St
     hours = {name: round(sum(r[2] for r in rows) / SAMPLE_RATE / 3600, 4)
              for name, rows in (("train", train), ("heldout", heldout))}
     return {
-        "corpus": "Debian fortunes sentences, then WordNet 3.0 usage examples, spoken by piper en_US-joe-medium",
+        "corpus": "Debian fortunes sentences, then WordNet 3.0 usage examples"
+                  + (", then its definitions" if args.glosses else "") + ", spoken by piper en_US-joe-medium",
         "script": "scripts/voice/corpus/piper.py",
         **fp,
         "licences": {
@@ -397,7 +398,7 @@ def build_manifest(args: argparse.Namespace, fp: dict, sel: Selection, store: St
                  "numbers": "sentences containing digits are dropped, never spelled out"},
         "selection": {"words": [MIN_WORDS, MAX_WORDS], "order": "sha1 of sentence text",
                       "heldout_sha1_prefixes": list(HELDOUT_PREFIXES),
-                      "heldout_size": args.heldout, "hours_target": args.hours,
+                      "heldout_size": args.heldout, "hours_target": args.hours, "glosses": args.glosses,
                       "limit": args.limit, "heldout_only": args.heldout_only},
         "counts": {"candidates": sel.candidates, "heldout_range": sel.heldout_pool, "wordnet_pool": sel.extra,
                    "train_pool": len(sel.train_pool), "heldout": len(heldout),
@@ -460,6 +461,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="WordNet's data files (Debian wordnet-base): its usage examples follow the fortunes in the "
                          "training pool (default %(default)s)")
     ap.add_argument("--fortunes-only", action="store_true", help="leave WordNet's examples out")
+    ap.add_argument("--glosses", action="store_true",
+                    help="WordNet's definitions (~106k, ~80 h) follow its examples in the training pool: more text for "
+                         "the LM (data/voice/tokens holds none of them)")
     ap.add_argument("--cpus", default=None,
                     help="pin this script and piper to these CPUs, e.g. '1' or '0,1'")
     ap.add_argument("--prune", action="store_true",
@@ -468,6 +472,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def wordnet_dir(args: argparse.Namespace) -> Path | None:
     """The WordNet directory the corpus options ask for (None: ``--fortunes-only``)."""
+    if args.fortunes_only and args.glosses:
+        raise SystemExit("error: --glosses are WordNet's definitions: they cannot go with --fortunes-only")
     return None if args.fortunes_only else args.wordnet
 
 
@@ -475,9 +481,10 @@ def build(args: argparse.Namespace, piper: Piper) -> None:
     if not args.fortunes.is_dir():
         raise SystemExit(f"error: {args.fortunes} missing; "
                          "run: apt-get install -y fortunes fortunes-min")
-    sel = pool(args.fortunes, args.wordlist, args.heldout, wordnet_dir(args))
+    sel = pool(args.fortunes, args.wordlist, args.heldout, wordnet_dir(args), args.glosses)
     log(f"{sel.candidates} fortune sentences: {sel.heldout_pool} in the held-out range "
-        f"(using {len(sel.heldout)}), {len(sel.train_pool) - sel.extra} for training, then {sel.extra} of WordNet")
+        f"(using {len(sel.heldout)}), {len(sel.train_pool) - sel.extra} for training, then {sel.extra} of WordNet"
+        + (" (examples, then definitions)" if args.glosses else ""))
     fp = fingerprint(piper)
     store = Store.open(args.out, fp)
     cut = slice(None, args.limit)

@@ -1,4 +1,5 @@
-"""The corpus's sentences: Debian's fortunes, then WordNet 3.0's usage examples (corpus/wordnet.py), cleaned,
+"""The corpus's sentences: Debian's fortunes, then WordNet 3.0's usage examples and, on request, its definitions
+(corpus/wordnet.py), cleaned,
 checked and put in a fixed order; piper speaks them (corpus/piper.py), texts.py gives them without audio.
 
 Selection (deterministic): entries are cleaned (attributions ``-- Author``
@@ -14,7 +15,8 @@ the character checks).  Sentences are deduplicated case-insensitively and
 ordered by the sha1 of their text.  Sentences whose sha1 starts with
 ``HELDOUT_PREFIXES`` form the held-out pool (first ``--heldout`` of it in sha1
 order); the rest is taken in sha1 order, then WordNet's examples outside the
-held-out range and not among the fortunes (sha1 order), until ``--hours`` of
+held-out range and not among the fortunes (sha1 order), then (``--glosses``)
+WordNet's definitions not among either (sha1 order), until ``--hours`` of
 training audio are reached.  The held-out set is the fortunes' alone.
 """
 from __future__ import annotations
@@ -199,31 +201,40 @@ class Selection:
     """The sentence pools in sha1 order."""
 
     heldout: list[tuple[str, str]]  # (sha1, text)
-    train_pool: list[tuple[str, str]]  # the fortunes', then the extra source's
+    train_pool: list[tuple[str, str]]  # the fortunes', then each extra source's in turn
     candidates: int  # fortune sentences
     heldout_pool: int  # fortune sentences in the held-out range
-    extra: int = 0  # sentences of the extra source at the end of train_pool
+    extra: int = 0  # sentences of the extra sources at the end of train_pool
 
 
-def select(sentences: dict[str, str], heldout_size: int, extra: dict[str, str] | None = None) -> Selection:
-    """Split sha1-ordered sentences into the fixed held-out range and the rest; then the ``extra`` source's
-    sentences (sha1 order) join the training pool after them, except those in the held-out range (so the held-out
-    set never changes) and those the fortunes already have (case-insensitively)."""
+def select(sentences: dict[str, str], heldout_size: int, *extras: dict[str, str]) -> Selection:
+    """Split sha1-ordered sentences into the fixed held-out range and the rest; then each ``extras`` source's
+    sentences (sha1 order, one source after the other) join the training pool after them, except those in the
+    held-out range (so the held-out set never changes) and those already in the pool (case-insensitively)."""
     ordered = sorted(sentences.items())
     in_range = [kv for kv in ordered if kv[0].startswith(HELDOUT_PREFIXES)]
     train_pool = [kv for kv in ordered if not kv[0].startswith(HELDOUT_PREFIXES)]
     seen = {text.lower() for text in sentences.values()}
-    more = sorted(kv for kv in (extra or {}).items() if not kv[0].startswith(HELDOUT_PREFIXES)
-                  and kv[1].lower() not in seen)
+    more: list[tuple[str, str]] = []
+    for extra in extras:
+        added = sorted(kv for kv in extra.items() if not kv[0].startswith(HELDOUT_PREFIXES)
+                       and kv[1].lower() not in seen)
+        seen |= {text.lower() for _sha, text in added}
+        more += added
     # Range members beyond heldout_size are used for neither split.
     return Selection(in_range[:heldout_size], train_pool + more, len(ordered), len(in_range), len(more))
 
 
-def pool(fortunes: Path, wordlist: Path, heldout_size: int, wordnet: Path | None) -> Selection:
+def pool(fortunes: Path, wordlist: Path, heldout_size: int, wordnet: Path | None, glosses: bool = False) -> Selection:
     """The corpus's sentences: the fortunes' (held-out range and training pool), then, with ``wordnet`` (its data
-    directory; None: fortunes only), WordNet's usage examples (corpus/wordnet.py)."""
-    from .wordnet import collect_examples  # it builds on this module's checks
+    directory; None: fortunes only), WordNet's usage examples, then with ``glosses`` its definitions
+    (corpus/wordnet.py)."""
+    from .wordnet import collect_examples, collect_glosses  # they build on this module's checks
 
     words = load_wordlist(wordlist)
-    extra = collect_examples(wordnet, words) if wordnet is not None else None
-    return select(usable(fortune_candidates(fortunes), words), heldout_size, extra)
+    extras = [] if wordnet is None else [collect_examples(wordnet, words)]
+    if glosses:
+        if wordnet is None:
+            raise ValueError("WordNet's glosses need its data directory")
+        extras.append(collect_glosses(wordnet, words))
+    return select(usable(fortune_candidates(fortunes), words), heldout_size, *extras)

@@ -31,11 +31,12 @@ class Source:
     wordlist: Path = selection.WORDLIST  # the word list that drops non-English sentences
     heldout: int = 300  # sentences of the held-out range (the piper corpus's --heldout)
     wordnet: Path | None = selection.WORDNET_DIR  # WordNet's data files (its examples follow the fortunes); None: none
+    glosses: bool = False  # WordNet's definitions follow its examples (needs ``wordnet``)
 
 
 def sentences(split: str, source: Source = Source()) -> list[tuple[str, str]]:
     """``(sha1[:12], text)`` of ``split`` ("train": the training pool, "heldout": the held-out range)."""
-    sel = selection.pool(source.fortunes, source.wordlist, source.heldout, source.wordnet)
+    sel = selection.pool(source.fortunes, source.wordlist, source.heldout, source.wordnet, source.glosses)
     rows = sel.train_pool if split == "train" else sel.heldout
     return [(sha[:12], text) for sha, text in rows]
 

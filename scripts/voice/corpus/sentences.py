@@ -229,12 +229,10 @@ def pool(fortunes: Path, wordlist: Path, heldout_size: int, wordnet: Path | None
     """The corpus's sentences: the fortunes' (held-out range and training pool), then, with ``wordnet`` (its data
     directory; None: fortunes only), WordNet's usage examples, then with ``glosses`` its definitions
     (corpus/wordnet.py)."""
-    from .wordnet import collect_examples, collect_glosses  # they build on this module's checks
+    from .wordnet import collect  # it builds on this module's checks
 
+    if glosses and wordnet is None:
+        raise ValueError("WordNet's glosses need its data directory")
     words = load_wordlist(wordlist)
-    extras = [] if wordnet is None else [collect_examples(wordnet, words)]
-    if glosses:
-        if wordnet is None:
-            raise ValueError("WordNet's glosses need its data directory")
-        extras.append(collect_glosses(wordnet, words))
+    extras = [] if wordnet is None else collect(wordnet, words, glosses)
     return select(usable(fortune_candidates(fortunes), words), heldout_size, *extras)

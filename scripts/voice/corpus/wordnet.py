@@ -38,8 +38,8 @@ def as_sentence(example: str) -> str | None:
     return s if re.search(r"[.!?]$", s) else s + "."
 
 
-def _glosses(wordnet_dir: Path) -> list[str]:
-    """The gloss of every synset of the four data files (definitions and examples), in file order."""
+def glosses(wordnet_dir: Path) -> list[str]:
+    """The gloss of every synset of the four data files (definitions, then quoted examples), in file order."""
     missing = [name for name in FILES if not (wordnet_dir / name).is_file()]
     if missing:
         raise SystemExit(f"error: {', '.join(missing)} missing in {wordnet_dir}; run: apt-get install -y wordnet-base")
@@ -52,28 +52,20 @@ def _glosses(wordnet_dir: Path) -> list[str]:
     return out
 
 
-def examples(wordnet_dir: Path) -> list[str]:
-    """Every quoted usage example of the four data files, in file order."""
-    return [ex for gloss in _glosses(wordnet_dir) for ex in EXAMPLE.findall(gloss)]
+def examples(gloss: str) -> list[str]:
+    """A gloss's quoted usage examples."""
+    return EXAMPLE.findall(gloss)
 
 
-def glosses(wordnet_dir: Path) -> list[str]:
-    """Every definition of the four data files (each gloss without its quoted examples, split at ``;``), in file
-    order."""
-    out = []
-    for gloss in _glosses(wordnet_dir):
-        out += EXAMPLE.sub("", gloss).split(";")
-    return out
+def definitions(gloss: str) -> list[str]:
+    """A gloss's definitions: the gloss without its quoted examples, split at ``;``."""
+    return EXAMPLE.sub("", gloss).split(";")
 
 
-def collect_glosses(wordnet_dir: Path, words: frozenset[str]) -> dict[str, str]:
-    """The usable definitions keyed by sha1 (as :func:`collect_examples`)."""
-    candidates = (s for s in map(as_sentence, glosses(wordnet_dir)) if s)
-    return sentences.usable(candidates, words)
-
-
-def collect_examples(wordnet_dir: Path, words: frozenset[str]) -> dict[str, str]:
-    """The usable examples keyed by sha1 (the fortunes' checks and merging against the word list ``words``:
-    ``sentences.usable``)."""
-    candidates = (s for s in map(as_sentence, examples(wordnet_dir)) if s)
-    return sentences.usable(candidates, words)
+def collect(wordnet_dir: Path, words: frozenset[str], with_definitions: bool = False) -> list[dict[str, str]]:
+    """The usable examples, then with ``with_definitions`` the usable definitions, each source keyed by sha1 (the
+    fortunes' checks and merging against the word list ``words``: ``sentences.usable``); the files are read once."""
+    all_glosses = glosses(wordnet_dir)
+    parts = (examples, definitions) if with_definitions else (examples,)
+    return [sentences.usable((s for s in map(as_sentence, (x for g in all_glosses for x in part(g))) if s), words)
+            for part in parts]

@@ -420,3 +420,41 @@ def test_the_drafters_stage_trains_each_drafter_on_the_voice_with_its_draft_voca
     calls.clear()
     drafters.run(tmp_path, tmp_path / "voice", args)
     assert all(argv[argv.index("--draft-vocab") + 1] == "0" for _t, argv in calls)
+
+
+def test_clips_spoken_on_another_machine_stand_in_through_their_committed_tokens(tmp_path: Path) -> None:
+    """`corpus --spoken TOKENS` counts a tokens file's training clips as made (their recorded lengths, no wav, no
+    piper), and `tokenize` on a corpus that lists fewer clips keeps the committed ones, so neither shrinks the
+    committed tokens a fresh machine continues from."""
+    from scripts.voice.corpus.piper import SAMPLE_RATE, Store, synthesise
+    from scripts.voice.tokenizer.data import Clip
+    from scripts.voice.tokenizer.ship import committed_tokens, kept_clips, write_tokens
+    from scripts.voice.tokenizer.tokens import spoken_seconds
+
+    out = tmp_path / "tokens"
+    clips = [Clip("h" * 12, "Held.", "heldout", 0.75), Clip("a" * 12, "A.", "train", 1.25),
+             Clip("b" * 12, "B.", "train", 0.5)]
+    codes = {"h" * 12: [7], "a" * 12: [1, 2], "b" * 12: [3]}
+    write_tokens(out, clips, {k: np.array(v, np.uint16) for k, v in codes.items()}, "0" * 64, out / "x.onnx", True, {})
+    path = out / "tokens.npz"
+    assert spoken_seconds(path) == {"a" * 12: 1.25, "b" * 12: 0.5}  # the held-out set is always spoken here
+    assert spoken_seconds(path, "heldout") == {"h" * 12: 0.75}
+
+    store = Store.open(tmp_path / "data", {"piper": "test"})
+    store.spoken = {cid: round(sec * SAMPLE_RATE) for cid, sec in spoken_seconds(path).items()}
+    items = [("a" * 40, "A."), ("b" * 40, "B.")]  # sha1 keys; clip ids are their first 12 digits
+    used, prog = synthesise(None, store, items, "train", target_s=1.0)  # no piper: nothing to synthesise
+    assert used == [("a" * 40, "A.", round(1.25 * SAMPLE_RATE))] and prog.made_seconds == 0.0  # 1 s reached
+    assert store.existing("c" * 40) is None and not store.journal  # neither spoken nor made
+
+    kept = committed_tokens(path, "0" * 64)
+    listed = [clips[1]]  # a partial build that lists only one of them
+    extra = kept_clips(path, kept, listed)
+    assert [(c.id, c.split, c.seconds) for c in extra] == [("h" * 12, "heldout", 0.75), ("b" * 12, "train", 0.5)]
+    write_tokens(out, listed + extra, kept, "0" * 64, out / "x.onnx", False, {})
+    assert {cid: v.tolist() for cid, v in committed_tokens(path, "0" * 64).items()} == codes
+    with np.load(path) as z:
+        assert "seconds" in z.files
+        np.savez(tmp_path / "old.npz", **{k: z[k] for k in z.files if k != "seconds"})
+    with pytest.raises(SystemExit, match="records no clip lengths"):
+        spoken_seconds(tmp_path / "old.npz")

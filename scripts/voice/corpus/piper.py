@@ -61,7 +61,7 @@ import time
 import wave
 from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specli.io.digest import file_sha256
@@ -212,6 +212,7 @@ class Store:
 
     root: Path
     journal: dict[str, tuple[int, str]]  # sha1 -> (frames, sha256)
+    spoken: dict[str, int] = field(default_factory=dict)  # clip id -> frames of clips spoken elsewhere (--spoken)
 
     @classmethod
     def open(cls, root: Path, fingerprint: dict) -> Store:
@@ -237,11 +238,11 @@ class Store:
         return self.root / "wavs" / f"{key[:12]}.wav"
 
     def existing(self, key: str) -> int | None:
-        """Frames of an existing wav with the expected content, else None."""
+        """Frames of an existing wav with the expected content, else of a clip spoken elsewhere, else None."""
         path = self.wav(key)
         frames = wav_frames(path) if path.exists() else None
         if frames is None:
-            return None
+            return self.spoken.get(key[:12])
         digest = file_sha256(path)
         if key in self.journal:
             return frames if self.journal[key] == (frames, digest) else None
@@ -405,7 +406,9 @@ def build_manifest(args: argparse.Namespace, fp: dict, sel: Selection, store: St
                    "train": len(train)},
         "hours": hours,
         "sentences": {"train": [r[0] for r in train], "heldout": [r[0] for r in heldout]},
-        "wav_sha256": {r[0][:12]: store.journal[r[0]][1] for r in heldout + train},
+        "wav_sha256": {r[0][:12]: store.journal[r[0]][1] for r in heldout + train if r[0] in store.journal},
+        "spoken_elsewhere": None if args.spoken is None else {
+            "tokens": str(args.spoken), "clips": sum(r[0] not in store.journal for r in heldout + train)},
     }
 
 
@@ -423,7 +426,8 @@ def write_sha1_list(path: Path, heldout: list[tuple[str, str, int]],
 
 def verify(piper: Piper, out: Path, n: int) -> int:
     """Re-synthesise n sentences of train.tsv (spread out) and compare sha256."""
-    rows = [ln.split("\t") for ln in (out / "train.tsv").read_text(encoding="utf-8").splitlines()]
+    rows = [r for r in (ln.split("\t") for ln in (out / "train.tsv").read_text(encoding="utf-8").splitlines())
+            if (out / "wavs" / f"{r[0]}.wav").is_file()]  # not the clips spoken elsewhere (--spoken)
     picks = [rows[i * len(rows) // n] for i in range(n)] if rows and n else []
     items = [(sha1(text), text) for _, text, _ in picks]
     bad = 0
@@ -466,6 +470,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "pool: more text for the LM (data/voice/tokens holds none of them)")
     ap.add_argument("--cpus", default=None,
                     help="pin this script and piper to these CPUs, e.g. '1' or '0,1'")
+    ap.add_argument("--spoken", type=Path, default=None, metavar="TOKENS",
+                    help="a tokens.npz (`tokens`) whose training clips count as spoken: not synthesised again, listed "
+                         "without a wav, their committed tokens standing in (the LM's data on a fresh machine; the "
+                         "tokenizer's features and the flow need wavs, the held-out set is always spoken)")
     ap.add_argument("--prune", action="store_true",
                     help="delete wavs in --out that the new manifest does not list")
 
@@ -487,6 +495,11 @@ def build(args: argparse.Namespace, piper: Piper) -> None:
         + (" (examples, then definitions)" if args.glosses else ""))
     fp = fingerprint(piper)
     store = Store.open(args.out, fp)
+    if args.spoken is not None:
+        from ..tokenizer.tokens import spoken_seconds
+
+        store.spoken = {cid: round(sec * SAMPLE_RATE) for cid, sec in spoken_seconds(args.spoken).items()}
+        log(f"{len(store.spoken)} clips of {args.spoken} count as spoken (no wav needed)")
     cut = slice(None, args.limit)
     heldout, hprog = synthesise(piper, store, sel.heldout[cut], "heldout")
     train: list[tuple[str, str, int]] = []

@@ -51,7 +51,8 @@ def build_complete(data: Path) -> bool:
 
 
 def _partial(data: Path, heldout_size: int = 300) -> list[Clip]:
-    sel = sentences.pool(sentences.FORTUNE_DIR, sentences.WORDLIST, heldout_size, sentences.WORDNET_DIR)
+    # with WordNet's definitions: the pool's order is the same with them, and a build that speaks them lists them
+    sel = sentences.pool(sentences.FORTUNE_DIR, sentences.WORDLIST, heldout_size, sentences.WORDNET_DIR, glosses=True)
     journal: dict[str, int] = {}
     for ln in (data / "journal.tsv").read_text(encoding="utf-8").splitlines():
         parts = ln.split("\t")

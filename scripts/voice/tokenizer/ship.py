@@ -141,6 +141,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     part = args.work / "tokens" / sha[:16]
     part.mkdir(parents=True, exist_ok=True)
     kept = committed_tokens(args.out / "tokens.npz", sha)
+    clips += kept_clips(args.out / "tokens.npz", kept, clips)
     have = {**done_tokens(part), **kept}
     todo = [c for c in clips if c.id not in have]
     log(f"tokenize: {len(clips)} clips, {len(kept)} kept from {args.out / 'tokens.npz'}, {len(have) - len(kept)} "
@@ -175,6 +176,20 @@ def committed_tokens(path: Path, sha: str) -> dict[str, np.ndarray]:
         return {str(cid): tokens[offsets[i]:offsets[i + 1]] for i, cid in enumerate(z["ids"])}
 
 
+def kept_clips(path: Path, kept: dict[str, np.ndarray], clips: list[D.Clip]) -> list[D.Clip]:
+    """The clips of the committed file that the corpus here does not list (a partial build, or one whose earlier
+    clips were spoken on another machine): kept, so that tokenizing never shrinks the committed file."""
+    listed = {c.id for c in clips}
+    missing = [cid for cid in kept if cid not in listed]
+    if not missing:
+        return []
+    with np.load(path) as z:
+        split = {str(cid): int(s) for cid, s in zip(z["ids"], z["split"])}
+        seconds = ({str(cid): float(s) for cid, s in zip(z["ids"], z["seconds"])} if "seconds" in z.files
+                   else {cid: len(kept[cid]) * G.TOKEN_HOP_22K / G.RATE_22K for cid in missing})
+    return [D.Clip(cid, "", "heldout" if split[cid] else "train", seconds[cid]) for cid in missing]
+
+
 def done_tokens(part: Path) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for p in sorted(part.glob("shard_*.npz")):
@@ -204,7 +219,7 @@ def write_tokens(out: Path, clips: list[D.Clip], tokens: dict[str, np.ndarray], 
     np.savez_compressed(tmp, ids=np.array([c.id for c in kept]),
                         split=np.array([c.split == "heldout" for c in kept], dtype=np.uint8),
                         offsets=offsets, tokens=np.concatenate([tokens[c.id] for c in kept]).astype(np.uint16),
-                        onnx_sha256=np.array(sha))
+                        seconds=np.array([c.seconds for c in kept], dtype=np.float64), onnx_sha256=np.array(sha))
     os.replace(tmp, out / "tokens.npz")
     hours = {s: float(sum(len(tokens[c.id]) for c in kept if c.split == s) * G.TOKEN_HOP_22K / G.RATE_22K
                       / 3600) for s in ("train", "heldout")}

@@ -1,6 +1,7 @@
 """The committed speech tokens of the voice corpus (``data/voice/tokens/tokens.npz``, written by
 ``python -m scripts.voice tokens`` through the shipped ONNX speech tokenizer): ids, split (0 train /
-1 held-out), offsets into one uint16 token array."""
+1 held-out), offsets into one uint16 token array, and each clip's audio length in seconds (``seconds``: the corpus
+can then count a clip as spoken without its wav, ``corpus --spoken``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,17 @@ def speech_tokens(split: str, path: Path) -> dict[str, np.ndarray]:
     with np.load(path) as z:
         ids, splits, offsets, tokens = z["ids"], z["split"], z["offsets"], z["tokens"]
     return {str(cid): tokens[offsets[i] : offsets[i + 1]] for i, cid in enumerate(ids) if int(splits[i]) == want}
+
+
+def spoken_seconds(path: Path, split: str = "train") -> dict[str, float]:
+    """Clip id -> its audio's length in seconds, for the ``split`` clips of a tokens file (its ``seconds`` array; a
+    file written before it existed is an error that says so)."""
+    want = {"train": 0, "heldout": 1}[split]
+    with np.load(path) as z:
+        if "seconds" not in z.files:
+            raise SystemExit(f"error: {path} records no clip lengths (made before `tokens` wrote them): "
+                             "it cannot stand in for the clips' audio")
+        return {str(cid): float(sec) for cid, sec, s in zip(z["ids"], z["seconds"], z["split"]) if int(s) == want}
 
 
 def cooccurrence(old_npz: Path, new_npz: Path, n_old: int, n_new: int) -> scipy.sparse.csr_matrix:

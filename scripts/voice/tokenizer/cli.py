@@ -49,6 +49,8 @@ def feature_onnx(work: Path, taps: tuple[int, ...], quant: str) -> Path:
 
 
 def cmd_features(args: argparse.Namespace) -> int:
+    import torch
+
     taps = tuple(int(t) for t in args.taps.split(","))
     onnx_path = feature_onnx(args.work, taps, args.quant)
     root = args.work / "features"
@@ -58,7 +60,7 @@ def cmd_features(args: argparse.Namespace) -> int:
     todo = [c for c in clips if c.id not in have]
     log(f"features: {len(clips)} clips ({'complete' if complete else 'partial'} build), "
         f"{len(have)} cached, {len(todo)} to do")
-    sess = X.session(onnx_path, threads=1)
+    sess = X.session(onnx_path, threads=torch.get_num_threads())  # the build's --threads (default 1)
     rows: list = []
     t0, audio_s, enc_s = time.monotonic(), 0.0, 0.0
     for i, clip in enumerate(todo):

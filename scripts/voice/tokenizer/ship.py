@@ -146,7 +146,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     todo = [c for c in clips if c.id not in have]
     log(f"tokenize: {len(clips)} clips, {len(kept)} kept from {args.out / 'tokens.npz'}, {len(have) - len(kept)} "
         f"in shards, {len(todo)} to do with {onnx_path.name} {sha[:16]}")
-    sess = X.session(onnx_path, threads=1)
+    sess = X.session(onnx_path, threads=torch.get_num_threads())  # the build's --threads (default 1)
     rows: list[tuple[str, np.ndarray]] = []
     t0, audio_s = time.monotonic(), 0.0
     for i, clip in enumerate(todo):

@@ -139,8 +139,7 @@ def resume(run_dir: Path, cfg: dict, model: P.Probe, opt: torch.optim.Optimizer)
     return ck["state"]
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    torch.set_num_threads(1)
+def cmd_train(args: argparse.Namespace) -> int:  # on the build's --threads (default 1)
     cfg = run_config(args)
     run_dir = args.work / "runs" / args.name
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -396,8 +396,14 @@ def test_another_tokenizers_codes_start_from_the_rows_they_co_occur_with(tmp_pat
     assert state["llm_decoder.weight"].shape == (7, 2) and state["llm_decoder.weight"][5:].eq(7.0).all()
     assert state["other.weight"].eq(1.0).all()
     bad = _tokens_file(tmp_path / "bad", {"a": [0, 0, 1], "b": [1, 0]})
-    with pytest.raises(SystemExit, match="another token count"):
+    with pytest.raises(SystemExit, match="1 of 2 clips have another token count"):
         cooccurrence(old, bad, 3, 5)
+    many = {f"c{i:03d}": [i % 3, 2] for i in range(150)}  # one clip of 151 a token longer (piper on another CPU)
+    old_many = _tokens_file(tmp_path / "old-many", {**many, "a": [0, 0, 1, 2]})
+    new_many = _tokens_file(tmp_path / "new-many", {**{k: [1, 4] for k in many}, "a": [3, 3, 0, 0, 0]})
+    counts = cooccurrence(old_many, new_many, 3, 5).toarray()
+    assert counts[1].tolist() == [50, 50, 50] and counts[4].tolist() == [0, 0, 150]
+    assert counts[0].sum() == counts[3].sum() == 0  # "a" left out, not read at shifted positions
     args = build.parser("flow").parse_args(["flow", "--tokens", str(new)])
     with pytest.raises(SystemExit, match="go together"):
         build.training_args(lay, args, "flow.pt", flow.FROM_SCRATCH, flow.FINE_TUNE)

@@ -464,3 +464,22 @@ def test_clips_spoken_on_another_machine_stand_in_through_their_committed_tokens
         np.savez(tmp_path / "old.npz", **{k: z[k] for k in z.files if k != "seconds"})
     with pytest.raises(SystemExit, match="records no clip lengths"):
         spoken_seconds(tmp_path / "old.npz")
+
+
+def test_the_committed_candidate_tokens_come_from_the_committed_candidate_tokenizer() -> None:
+    """data/voice/candidate/: the 3^9 tokenizer the next voice is built on and its tokens agree with each other and
+    with its record, so `tokenize` keeps them and a fresh machine continues from them."""
+    from specli.io.digest import file_sha256
+    from specli.tts.acoustic.frontend import SpeechTokenizer
+
+    cand = COMMITTED / "candidate"
+    record = json.loads((cand / "tokenizer.json").read_text(encoding="utf-8"))
+    sha = file_sha256(cand / "speech_tokenizer_v3.onnx")
+    assert record["onnx"]["sha256"] == sha and record["fsq"]["codebook"] == 19683
+    SpeechTokenizer(cand / "speech_tokenizer_v3.onnx")  # the frontend's signature check
+    with np.load(cand / "tokens" / "tokens.npz") as z:
+        assert str(z["onnx_sha256"]) == sha and int(z["tokens"].max()) < 19683
+        assert len(z["ids"]) == len(z["seconds"]) == len(z["offsets"]) - 1 and int(z["split"].sum()) == 300
+        # one token per 1,024 samples of the zero-padded clip (lengths to the millisecond: train.tsv's)
+        excess = np.diff(z["offsets"]) - z["seconds"] * 22050 / 1024
+        assert excess.min() > -0.02 and excess.max() < 1.02

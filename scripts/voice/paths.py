@@ -12,8 +12,10 @@ run continues in it)::
     roundtrip/       round-trip reports of a candidate voice
 
 What must outlive a machine is committed under ``data/voice/`` of the repository (sentence hashes, the tokenizer's
-measurements, the corpus's speech tokens, the text tokenizer) and in the voice itself (``specli/voices/specli-en``,
-which training continues from when a run has no checkpoint).
+measurements, the corpus's speech tokens, the text tokenizer; ``candidate/``: the next tokenizer and its tokens, while
+the voice built on them is not shipped) and in the voice itself (``specli/voices/specli-en``, which training continues
+from when a run has no checkpoint). A fresh machine rebuilds the rest by these stages; ``corpus --spoken TOKENS``
+skips the clips a committed tokens file already holds.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from . import export as X
 from . import graph as G
 from . import probe as P
 from . import store as S
+from .tokens import clip_records
 
 log = D.log
 TOKENS_DIR = COMMITTED / "tokens"
@@ -183,11 +184,9 @@ def kept_clips(path: Path, kept: dict[str, np.ndarray], clips: list[D.Clip]) -> 
     missing = [cid for cid in kept if cid not in listed]
     if not missing:
         return []
-    with np.load(path) as z:
-        split = {str(cid): int(s) for cid, s in zip(z["ids"], z["split"])}
-        seconds = ({str(cid): float(s) for cid, s in zip(z["ids"], z["seconds"])} if "seconds" in z.files
-                   else {cid: len(kept[cid]) * G.TOKEN_HOP_22K / G.RATE_22K for cid in missing})
-    return [D.Clip(cid, "", "heldout" if split[cid] else "train", seconds[cid]) for cid in missing]
+    records = clip_records(path)
+    return [D.Clip(cid, "", records[cid][0], records[cid][1] or len(kept[cid]) * G.TOKEN_HOP_22K / G.RATE_22K)
+            for cid in missing]
 
 
 def done_tokens(part: Path) -> dict[str, np.ndarray]:

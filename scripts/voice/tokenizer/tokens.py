@@ -21,15 +21,23 @@ def speech_tokens(split: str, path: Path) -> dict[str, np.ndarray]:
     return {str(cid): tokens[offsets[i] : offsets[i + 1]] for i, cid in enumerate(ids) if int(splits[i]) == want}
 
 
+def clip_records(path: Path) -> dict[str, tuple[str, float | None]]:
+    """Clip id -> (split, seconds) for every clip of a tokens file; seconds is None in a file written before they
+    were recorded. The one reader of a tokens file's clip list, for ``corpus --spoken`` and ``tokenize``."""
+    with np.load(path) as z:
+        ids, splits = z["ids"], z["split"]
+        seconds = z["seconds"].tolist() if "seconds" in z.files else [None] * len(ids)
+    return {str(cid): ("heldout" if int(s) else "train", sec) for cid, s, sec in zip(ids, splits, seconds)}
+
+
 def spoken_seconds(path: Path, split: str = "train") -> dict[str, float]:
     """Clip id -> its audio's length in seconds, for the ``split`` clips of a tokens file (its ``seconds`` array; a
     file written before it existed is an error that says so)."""
-    want = {"train": 0, "heldout": 1}[split]
-    with np.load(path) as z:
-        if "seconds" not in z.files:
-            raise SystemExit(f"error: {path} records no clip lengths (made before `tokens` wrote them): "
-                             "it cannot stand in for the clips' audio")
-        return {str(cid): float(sec) for cid, sec, s in zip(z["ids"], z["seconds"], z["split"]) if int(s) == want}
+    records = clip_records(path)
+    if any(sec is None for _, sec in records.values()):
+        raise SystemExit(f"error: {path} records no clip lengths (made before `tokens` wrote them): "
+                         "it cannot stand in for the clips' audio")
+    return {cid: float(sec) for cid, (s, sec) in records.items() if s == split}
 
 
 def cooccurrence(old_npz: Path, new_npz: Path, n_old: int, n_new: int) -> scipy.sparse.csr_matrix:

@@ -46,6 +46,21 @@ def test_dropout_adds_no_weights_and_is_off_in_eval() -> None:
         assert (layer.mlp(x) == 0).float().mean() > 0.1  # p = 0.3; an MLP output is never exactly 0 otherwise
 
 
+def test_the_loss_scores_the_targets_alone_as_the_full_logits_would() -> None:
+    """Training runs the codebook-wide decoder on the speech targets only: the same loss and the same gradients as
+    cross-entropy over every position's logits with the prompt and padding ignored."""
+    model, batch = _model(0.0), _batch()
+    ids, mask, target = batch
+    loss = T.loss_of(model, batch, bf16=False)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    full = torch.nn.functional.cross_entropy(model(ids, mask).flatten(0, 1), target.flatten(), ignore_index=-100)
+    want = torch.autograd.grad(full, list(model.parameters()))
+    assert int((target != -100).sum()) < target.numel()  # prompt and padding are left out
+    torch.testing.assert_close(loss, full, rtol=1e-6, atol=1e-6)
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+
+
 def test_token_noise_replaces_only_speech_inputs() -> None:
     batch = _batch()
     ids, mask, target = batch

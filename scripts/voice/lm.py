@@ -81,10 +81,12 @@ class VoiceLM(nn.Module):
         text = self.llm.model.model.embed_tokens(torch.where(speech, 0, ids - self.speech_rows))
         return torch.where(speech[..., None], self.speech_embedding(torch.where(speech, ids, 0)), text)
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # -> [B, T, speech_rows] logits
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, scored: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, T, speech_rows]`` logits; with ``scored`` (``[B, T]`` bool) only those positions' ``[N, speech_rows]``:
+        the decoder over the whole codebook is the largest matmul, and training scores only the speech targets."""
         embeds = self.dropout(self.embed(ids))
-        hidden = self.llm.model.model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
-        return self.llm_decoder(hidden)
+        hidden = self.llm.model.model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state  # [B, T, H]
+        return self.llm_decoder(hidden if scored is None else hidden[scored])
 
 
 def qwen_config(shape: LMShape, text_vocab: int) -> Qwen2Config:
@@ -159,10 +161,12 @@ def corrupt(batch: tuple[torch.Tensor, ...], rate: float, codebook: int,
 
 
 def loss_of(model: VoiceLM, batch: tuple[torch.Tensor, ...], bf16: bool) -> torch.Tensor:
+    """Mean cross-entropy over the speech targets (``target != -100``), the decoder run on those positions only."""
     ids, mask, target = batch
+    scored = target != -100  # [B, T]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits = model(ids, mask)
-    return F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), ignore_index=-100)
+        logits = model(ids, mask, scored)  # [N, speech_rows]
+    return F.cross_entropy(logits.float(), target[scored])
 
 
 @torch.no_grad()

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.voice.corpus import piper as piper_corpus  # noqa: E402
+from scripts.voice.corpus import store as corpus_store  # noqa: E402
 from specli.bench.runner import machine_info  # noqa: E402
 from voice_roundtrip import heldout  # noqa: E402
 
@@ -46,9 +47,9 @@ def piper_run(texts: list[str], work: Path) -> dict:
     engine = piper_corpus.find_piper(sys.executable, None)
     items = [(piper_corpus.sha1(t), t) for t in texts]
     start = time.perf_counter()
-    frames = sum(piper_corpus.wav_frames(wav) or 0 for _key, wav in piper_corpus.run_piper(engine, items, work))
+    frames = sum(corpus_store.wav_frames(wav) or 0 for _key, wav in piper_corpus.run_piper(engine, items, work))
     wall = time.perf_counter() - start
-    audio = frames / piper_corpus.SAMPLE_RATE
+    audio = frames / corpus_store.SAMPLE_RATE
     return {"sentences": len(items), "audio_seconds": round(audio, 2), "rtf": {"total": round(wall / audio, 4)}}
 
 

@@ -158,7 +158,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
             rows = []
             wall = time.monotonic() - t0
             log(f"tokenize: {i + 1}/{len(todo)}, {audio_s / 3600:.2f} h, RTF {wall / audio_s:.4f}")
-    stats = {"rtf": (time.monotonic() - t0) / audio_s if audio_s else None}
+    stats = {"rtf": (time.monotonic() - t0) / audio_s if audio_s else None, "threads": torch.get_num_threads()}
     write_tokens(args.out, clips, {**done_tokens(part), **kept}, sha, onnx_path, complete, stats)
     return 0
 
@@ -229,11 +229,13 @@ def write_tokens(out: Path, clips: list[D.Clip], tokens: dict[str, np.ndarray], 
 def write_readme(out: Path, kept: list[D.Clip], hours: dict, sha: str, onnx_path: Path, complete: bool,
                  stats: dict) -> None:
     splits = {s: sum(c.split == s for c in kept) for s in ("train", "heldout")}
-    rtf = f"  Tokenisation RTF {stats['rtf']:.4f} on one core." if stats.get("rtf") else ""
+    threads = stats.get("threads", 1)
+    rtf = (f"  Tokenisation RTF {stats['rtf']:.4f} on {threads} thread{'s' if threads > 1 else ''}."
+           if stats.get("rtf") else "")
     text = f"""# Speech tokens of the voice corpus
 
 `tokens.npz`: the speech tokens of every clip of the piper/joe corpus (fortunes, then WordNet's usage
-examples; scripts/voice/corpus/piper.py; {splits['train']} train clips = {hours['train']:.2f} h, {splits['heldout']}
+examples and, with `corpus --glosses`, its definitions; scripts/voice/corpus/piper.py; {splits['train']} train clips = {hours['train']:.2f} h, {splits['heldout']}
 held-out clips = {hours['heldout']:.2f} h{'' if complete else '; PARTIAL build'}), made by
 `python -m scripts.voice tokens` running `{onnx_path.name}` (sha256 `{sha}`) with onnxruntime on
 each clip's whole-clip Whisper 128-bin log-mel: the 22.05 kHz wav zero-padded to a multiple of 1024

@@ -288,6 +288,11 @@ def test_a_run_resumes_from_the_checkpoints_earlier_runs_wrote(tmp_path: Path) -
     scratch, opt3 = fresh(3)
     assert restore(tmp_path / "new", scratch, opt3, init) == (0, float("inf"))
     assert torch.equal(scratch.weight, model.weight.half().float())
+    best = tmp_path / "run" / "best.pt"  # another run's best record: --init continues from its model
+    save(best, {"model": again.state_dict(), "step": 750, "val": 0.4, "config": {"dim": 3}})
+    follow, opt4 = fresh(4)
+    assert restore(tmp_path / "next", follow, opt4, best) == (0, float("inf"))
+    assert torch.equal(follow.weight, again.weight)
 
 
 def test_a_weight_average_is_kept_in_checkpoints_and_resumed(tmp_path: Path) -> None:

@@ -229,13 +229,13 @@ def remapped_init(args: argparse.Namespace, old_codebook: int) -> Path:
     import numpy as np
     import torch
 
-    from .common import save
+    from .common import init_weights, save
     from .tokenizer.tokens import cooccurrence, never_seen, remap_rows
 
     path = args.run / "init.pt"  # rebuilt each start (about a second): never another --remap-from's leftover
     counts = cooccurrence(args.remap_from, args.tokens, old_codebook, args.codebook)
     unseen = int(never_seen(counts).sum())
-    state = {k: v.float() for k, v in torch.load(args.init, weights_only=True).items()}
+    state = init_weights(args.init)
     for key in SPEECH_ROWS:
         if key in state:
             old = state[key].numpy()
@@ -283,18 +283,16 @@ def _flow(lay: Layout, args: argparse.Namespace) -> None:
 def grown_init(args: argparse.Namespace) -> Path:
     """``--init`` as it is, or, when it has fewer DiT blocks than ``--depth``, ``<run>/init.pt`` with its blocks
     grown to ``--depth`` (:func:`flow.grown`: the same function at the start)."""
-    import torch
-
-    from .common import save
+    from .common import init_weights, save
     from .flow import dit_depth, grown
 
-    state = torch.load(args.init, weights_only=True)
+    state = init_weights(args.init)
     have = dit_depth(state)
     if have >= args.depth:
         return args.init
     path = args.run / "init.pt"
     args.run.mkdir(parents=True, exist_ok=True)
-    save(path, grown({k: v.float() for k, v in state.items()}, args.depth))
+    save(path, grown(state, args.depth))
     log(f"{args.init}: {have} DiT blocks grown to {args.depth} (each followed by copies of itself at zero gates)")
     return path
 

@@ -85,6 +85,16 @@ class Ema:
             a.copy_(b)
 
 
+def init_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The float32 weights ``--init`` names: a voice's ``flow.pt`` / ``llm.pt`` (a flat state dict, the official
+    keys), or a run's ``best.pt`` (its ``model``: a run continues from another run's best without an extraction
+    step)."""
+    state = torch.load(path, weights_only=True)
+    if isinstance(state.get("model"), dict):
+        state = state["model"]
+    return {k: v.float() for k, v in state.items()}
+
+
 def restore(run: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, init: Path | None,
             ema: Ema | None = None) -> tuple[int, float]:
     """``(step, best held-out value)`` of a run: its latest checkpoint's (model, optimiser and ``ema`` restored; a
@@ -98,7 +108,7 @@ def restore(run: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, init:
         opt.load_state_dict(state["optim"])
         step, best = state["step"], state["best"]
     elif init is not None:
-        model.load_state_dict({k: v.float() for k, v in torch.load(init, weights_only=True).items()})
+        model.load_state_dict(init_weights(init))
         log(f"initialised from {init}")
     if ema is not None:
         ema.model.load_state_dict(state["ema"] if found and "ema" in state else model.state_dict())

@@ -33,6 +33,8 @@ def clip_records(path: Path) -> dict[str, tuple[str, float | None]]:
 def spoken_seconds(path: Path, split: str = "train") -> dict[str, float]:
     """Clip id -> its audio's length in seconds, for the ``split`` clips of a tokens file (its ``seconds`` array; a
     file written before it existed is an error that says so)."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split {split!r}: train or heldout")
     records = clip_records(path)
     if any(sec is None for _, sec in records.values()):
         raise SystemExit(f"error: {path} records no clip lengths (made before `tokens` wrote them): "

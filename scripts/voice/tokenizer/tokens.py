@@ -11,11 +11,12 @@ import numpy as np
 import scipy.sparse
 
 MAX_LENGTH_MISMATCH = 0.01  # share of shared clips whose token counts may differ (piper's float path, another CPU)
+SPLIT_CODES = {"train": 0, "heldout": 1}  # a clip's split -> its code in the file's ``split`` array
 
 
 def speech_tokens(split: str, path: Path) -> dict[str, np.ndarray]:
     """Clip id -> its speech tokens ``[n]`` (uint16) for ``split`` (``train`` or ``heldout``)."""
-    want = {"train": 0, "heldout": 1}[split]
+    want = SPLIT_CODES[split]
     with np.load(path) as z:
         ids, splits, offsets, tokens = z["ids"], z["split"], z["offsets"], z["tokens"]
     return {str(cid): tokens[offsets[i] : offsets[i + 1]] for i, cid in enumerate(ids) if int(splits[i]) == want}
@@ -27,13 +28,14 @@ def clip_records(path: Path) -> dict[str, tuple[str, float | None]]:
     with np.load(path) as z:
         ids, splits = z["ids"], z["split"]
         seconds = z["seconds"].tolist() if "seconds" in z.files else [None] * len(ids)
-    return {str(cid): ("heldout" if int(s) else "train", sec) for cid, s, sec in zip(ids, splits, seconds)}
+    names = {code: name for name, code in SPLIT_CODES.items()}
+    return {str(cid): (names[int(s)], sec) for cid, s, sec in zip(ids, splits, seconds)}
 
 
 def spoken_seconds(path: Path, split: str = "train") -> dict[str, float]:
     """Clip id -> its audio's length in seconds, for the ``split`` clips of a tokens file (its ``seconds`` array; a
     file written before it existed is an error that says so)."""
-    if split not in ("train", "heldout"):
+    if split not in SPLIT_CODES:
         raise ValueError(f"split {split!r}: train or heldout")
     records = clip_records(path)
     if any(sec is None for _, sec in records.values()):

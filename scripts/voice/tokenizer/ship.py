@@ -20,7 +20,7 @@ from . import export as X
 from . import graph as G
 from . import probe as P
 from . import store as S
-from .tokens import clip_records
+from .tokens import SPLIT_CODES, clip_records
 
 log = D.log
 TOKENS_DIR = COMMITTED / "tokens"
@@ -221,12 +221,12 @@ def write_tokens(out: Path, clips: list[D.Clip], tokens: dict[str, np.ndarray], 
     offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
     tmp = out / "tokens.tmp.npz"
     np.savez_compressed(tmp, ids=np.array([c.id for c in kept]),
-                        split=np.array([c.split == "heldout" for c in kept], dtype=np.uint8),
+                        split=np.array([SPLIT_CODES[c.split] for c in kept], dtype=np.uint8),
                         offsets=offsets, tokens=np.concatenate([tokens[c.id] for c in kept]).astype(np.uint16),
                         seconds=np.array([c.seconds for c in kept], dtype=np.float64), onnx_sha256=np.array(sha))
     os.replace(tmp, out / "tokens.npz")
     hours = {s: float(sum(len(tokens[c.id]) for c in kept if c.split == s) * G.TOKEN_HOP_22K / G.RATE_22K
-                      / 3600) for s in ("train", "heldout")}
+                      / 3600) for s in SPLIT_CODES}
     write_readme(out, kept, hours, sha, onnx_path, complete, stats)
     log(f"tokenize: wrote {out / 'tokens.npz'}: {len(kept)} clips, {int(n.sum())} tokens, hours {hours}")
 

@@ -488,3 +488,21 @@ def test_the_committed_candidate_tokens_come_from_the_committed_candidate_tokeni
         # one token per 1,024 samples of the zero-padded clip (lengths to the millisecond: train.tsv's)
         excess = np.diff(z["offsets"]) - z["seconds"] * 22050 / 1024
         assert excess.min() > -0.02 and excess.max() < 1.02
+
+
+def test_the_committed_candidate_lm_starts_the_next_stage_of_its_lineage() -> None:
+    """data/voice/candidate/llm.pt, the LM stage a later session continues from (`lm --init`): float16 weights that
+    load, keys strict, into the training module over the candidate tokenizer's 19,683 codes."""
+    import torch
+
+    from scripts.voice.common import init_weights
+    from scripts.voice.lm import SHAPE, VoiceLM, qwen_config
+    from specli.models.cosyvoice.layout import SpeechLMSpec
+    from specli.models.cosyvoice.text import CosyVoiceTokenizer
+
+    path = COMMITTED / "candidate" / "llm.pt"
+    floats = [v for v in torch.load(path, weights_only=True).values() if v.is_floating_point()]
+    assert floats and all(v.dtype == torch.float16 for v in floats)
+    text_vocab = len(CosyVoiceTokenizer(COMMITTED / "blank", "cosyvoice3"))
+    model = VoiceLM(qwen_config(SHAPE, -(-text_vocab // 64) * 64), SpeechLMSpec("cosyvoice3", 19683).speech_rows, 0.0)
+    model.load_state_dict(init_weights(path))  # strict: every key, every shape

@@ -249,7 +249,8 @@ samples, soxr HQ to 16 kHz, `specli.tts.acoustic.features.whisper_log_mel`.  21.
 frames (hop 256 at 22.05 kHz) per token.{rtf}
 
 Arrays: `ids` (clip id = first 12 hex digits of the sentence sha1), `split` (0 train, 1 held-out),
-`offsets` (clip i is `tokens[offsets[i]:offsets[i+1]]`), `tokens` (uint16), `onnx_sha256`.
+`offsets` (clip i is `tokens[offsets[i]:offsets[i+1]]`), `tokens` (uint16), `seconds` (each clip's length:
+its wav's, or for a clip tokenized before lengths were recorded the padded audio its tokens cover), `onnx_sha256`.
 See ../tokenizer.json for the tokenizer's levels, layers and measurements.
 """
     (out / "README.md").write_text(text)

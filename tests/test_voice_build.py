@@ -496,13 +496,10 @@ def test_the_committed_candidate_lm_starts_the_next_stage_of_its_lineage() -> No
     import torch
 
     from scripts.voice.common import init_weights
-    from scripts.voice.lm import SHAPE, VoiceLM, qwen_config
-    from specli.models.cosyvoice.layout import SpeechLMSpec
-    from specli.models.cosyvoice.text import CosyVoiceTokenizer
+    from scripts.voice.lm import SHAPE, new_model
 
     path = COMMITTED / "candidate" / "llm.pt"
     floats = [v for v in torch.load(path, weights_only=True).values() if v.is_floating_point()]
     assert floats and all(v.dtype == torch.float16 for v in floats)
-    text_vocab = len(CosyVoiceTokenizer(COMMITTED / "blank", "cosyvoice3"))
-    model = VoiceLM(qwen_config(SHAPE, -(-text_vocab // 64) * 64), SpeechLMSpec("cosyvoice3", 19683).speech_rows, 0.0)
+    model = new_model(COMMITTED / "blank", 19683, SHAPE, 0.0)
     model.load_state_dict(init_weights(path))  # strict: every key, every shape

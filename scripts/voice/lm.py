@@ -160,6 +160,14 @@ def corrupt(batch: tuple[torch.Tensor, ...], rate: float, codebook: int,
     return torch.where(hit, noise, ids), mask, target
 
 
+def new_model(blank: Path, codebook: int, shape: LMShape, dropout: float) -> VoiceLM:
+    """A fresh LM over ``codebook`` speech codes and the text tokenizer at ``blank`` (its vocabulary padded to a
+    multiple of 64 rows), as ``train`` builds it and ``--init`` weights must fit it."""
+    text_vocab = len(CosyVoiceTokenizer(blank, "cosyvoice3"))
+    return VoiceLM(qwen_config(shape, -(-text_vocab // 64) * 64), SpeechLMSpec("cosyvoice3", codebook).speech_rows,
+                   dropout)
+
+
 def loss_of(model: VoiceLM, batch: tuple[torch.Tensor, ...], bf16: bool) -> torch.Tensor:
     """Mean cross-entropy over the speech targets (``target != -100``), the decoder run on those positions only."""
     ids, mask, target = batch
@@ -187,9 +195,8 @@ def train(args: argparse.Namespace) -> None:
     spec = SpeechLMSpec("cosyvoice3", args.codebook)
     train_seqs = build_sequences("train", args.blank, spec, args.corpus, args.tokens)
     val_seqs = build_sequences("heldout", args.blank, spec, args.corpus, args.tokens)
-    text_vocab = len(CosyVoiceTokenizer(args.blank, "cosyvoice3"))
     shape = LMShape(**{**asdict(SHAPE), **json.loads(args.shape or "{}")})
-    model = VoiceLM(qwen_config(shape, -(-text_vocab // 64) * 64), spec.speech_rows, args.dropout)
+    model = new_model(args.blank, args.codebook, shape, args.dropout)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     step, best = restore(args.run, model, opt, args.init)  # a new run starts from the voice's llm.pt (--init)
     bf16 = args.bf16 and cpu_native_bf16()

@@ -503,3 +503,28 @@ def test_the_committed_candidate_lm_starts_the_next_stage_of_its_lineage() -> No
     assert floats and all(v.dtype == torch.float16 for v in floats)
     model = new_model(COMMITTED / "blank", 19683, SHAPE, 0.0)
     model.load_state_dict(init_weights(path))  # strict: every key, every shape
+
+
+def test_the_committed_candidate_flow_loads_and_grows_into_the_next_stage() -> None:
+    """data/voice/candidate/flow.pt, the candidate's 6-block flow (`x3p9`): float16 official keys that load, strict,
+    into the flow over the candidate's 19,683 codes, and grow to the 12 blocks the next stage trains (`flow --init
+    data/voice/candidate/flow.pt --depth 12`) computing the same function at the start."""
+    import torch
+
+    from scripts.voice.common import init_weights
+    from scripts.voice.flow import dit_depth, flow_config, grown
+    from specli.tts.acoustic.flow_cv3 import FlowCV3
+
+    path = COMMITTED / "candidate" / "flow.pt"
+    floats = [v for v in torch.load(path, weights_only=True).values() if v.is_floating_point()]
+    assert floats and all(v.dtype == torch.float16 for v in floats)
+    state = init_weights(path)
+    assert dit_depth(state) == 6
+    six, twelve = FlowCV3(flow_config(19683, 256, 6, 4, 256)).eval(), FlowCV3(flow_config(19683, 256, 12, 4, 256)).eval()
+    six.load_state_dict(state)  # strict: every key, every shape
+    twelve.load_state_dict(grown(state, 12))
+    x, mu = torch.randn(1, 80, 40, generator=torch.Generator().manual_seed(0)), torch.randn(1, 80, 40)
+    mask, t, spks, cond = torch.ones(1, 1, 40), torch.tensor([0.0]), torch.zeros(1, 80), torch.zeros(1, 80, 40)
+    with torch.no_grad():
+        a, b = (m.decoder.estimator(x, mask, mu, t, spks, cond) for m in (six, twelve))
+    assert torch.allclose(a, b, atol=1e-5)

@@ -520,10 +520,11 @@ def test_the_committed_candidate_flow_loads_and_grows_into_the_next_stage() -> N
     assert floats and all(v.dtype == torch.float16 for v in floats)
     state = init_weights(path)
     assert dit_depth(state) == 6
-    six, twelve = FlowCV3(flow_config(19683, 256, 6, 4, 256)).eval(), FlowCV3(flow_config(19683, 256, 12, 4, 256)).eval()
+    six, twelve = (FlowCV3(flow_config(19683, 256, depth, 4, 256)).eval() for depth in (6, 12))
     six.load_state_dict(state)  # strict: every key, every shape
     twelve.load_state_dict(grown(state, 12))
-    x, mu = torch.randn(1, 80, 40, generator=torch.Generator().manual_seed(0)), torch.randn(1, 80, 40)
+    gen = torch.Generator().manual_seed(0)
+    x, mu = torch.randn(1, 80, 40, generator=gen), torch.randn(1, 80, 40, generator=gen)  # [batch, mel, frames]
     mask, t, spks, cond = torch.ones(1, 1, 40), torch.tensor([0.0]), torch.zeros(1, 80), torch.zeros(1, 80, 40)
     with torch.no_grad():
         a, b = (m.decoder.estimator(x, mask, mu, t, spks, cond) for m in (six, twelve))

@@ -18,6 +18,8 @@ sys.path.insert(0, str(ROOT))  # the repository: scripts.voice
 from scripts.voice import build  # noqa: E402
 from scripts.voice.paths import COMMITTED, ENV, Layout, work_dir  # noqa: E402
 
+VOICE = ROOT / "specli" / "voices" / "specli-en"  # the shipped voice
+
 STAGES = ["corpus", "tokenizer", "tokens", "text-tokenizer", "lexicon", "lm", "flow", "assemble", "drafters",
           "roundtrip"]
 QUIET = ["--nice", "0"]  # a test never lowers its own process's priority
@@ -59,7 +61,7 @@ def test_the_layout_is_the_one_earlier_runs_left_on_disk(tmp_path: Path) -> None
     assert lay.drafters == tmp_path / "drafters"
     assert lay.tokens == ROOT / "data" / "voice" / "tokens" / "tokens.npz"
     assert lay.blank == ROOT / "data" / "voice" / "blank"
-    assert lay.codebook() == 6561  # FSQ 3^8, from data/voice/tokenizer.json
+    assert lay.codebook() == 19683  # FSQ 3^9, from data/voice/tokenizer.json
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -86,7 +88,7 @@ def test_the_flow_and_lm_stages_get_the_recipe_and_their_paths(tmp_path: Path) -
     args = build.parser("flow").parse_args(["flow", "--run", "mix"])
     build.training_args(lay, args, "flow.pt", flow.FROM_SCRATCH, flow.FINE_TUNE)
     assert args.run == tmp_path / "w" / "train" / "mix" and args.corpus == tmp_path / "w" / "data"
-    assert (args.init, args.lr, args.warmup, args.codebook) == (voice / "flow.pt", 1e-4, 100, 6561)
+    assert (args.init, args.lr, args.warmup, args.codebook) == (voice / "flow.pt", 1e-4, 100, 19683)
     assert (args.objective, args.dim, args.depth, args.heads, args.steps) == ("mix", 256, 6, 4, 8000)
     assert (args.streaming, args.prompt_prob, args.cfg_dropout) == (0.0, 0.0, 0.0)
     args = build.parser("lm").parse_args(["lm", "--lr", "2e-4"])  # no llm.pt in the voice: from scratch
@@ -471,18 +473,19 @@ def test_clips_spoken_on_another_machine_stand_in_through_their_committed_tokens
         spoken_seconds(tmp_path / "old.npz")
 
 
-def test_the_committed_candidate_tokens_come_from_the_committed_candidate_tokenizer() -> None:
-    """data/voice/candidate/: the 3^9 tokenizer the next voice is built on and its tokens agree with each other and
-    with its record, so `tokenize` keeps them and a fresh machine continues from them."""
+def test_the_committed_tokens_come_from_the_shipped_tokenizer() -> None:
+    """data/voice/tokenizer.json and data/voice/tokens/: the record and the corpus's codes of the speech tokenizer
+    specli-en ships (3^9), agreeing with the voice's ONNX file, so `tokenize` keeps them and a fresh machine
+    continues from them."""
     from specli.io.digest import file_sha256
     from specli.tts.acoustic.frontend import SpeechTokenizer
 
-    cand = COMMITTED / "candidate"
-    record = json.loads((cand / "tokenizer.json").read_text(encoding="utf-8"))
-    sha = file_sha256(cand / "speech_tokenizer_v3.onnx")
+    onnx = VOICE / "speech_tokenizer_v3.onnx"
+    record = json.loads((COMMITTED / "tokenizer.json").read_text(encoding="utf-8"))
+    sha = file_sha256(onnx)
     assert record["onnx"]["sha256"] == sha and record["fsq"]["codebook"] == 19683
-    SpeechTokenizer(cand / "speech_tokenizer_v3.onnx")  # the frontend's signature check
-    with np.load(cand / "tokens" / "tokens.npz") as z:
+    SpeechTokenizer(onnx)  # the frontend's signature check
+    with np.load(COMMITTED / "tokens" / "tokens.npz") as z:
         assert str(z["onnx_sha256"]) == sha and int(z["tokens"].max()) < 19683
         assert len(z["ids"]) == len(z["seconds"]) == len(z["offsets"]) - 1 and int(z["split"].sum()) == 300
         # one token per 1,024 samples of the zero-padded clip (lengths to the millisecond: train.tsv's)
@@ -490,32 +493,32 @@ def test_the_committed_candidate_tokens_come_from_the_committed_candidate_tokeni
         assert excess.min() > -0.02 and excess.max() < 1.02
 
 
-def test_the_committed_candidate_lm_starts_the_next_stage_of_its_lineage() -> None:
-    """data/voice/candidate/llm.pt, the LM stage a later session continues from (`lm --init`): float16 weights that
-    load, keys strict, into the training module over the candidate tokenizer's 19,683 codes."""
+def test_the_shipped_lm_starts_the_next_stage_of_its_lineage() -> None:
+    """specli-en's llm.pt, where a later LM stage starts (`lm`'s default `--init`): float16 weights that load, keys
+    strict, into the training module over the shipped tokenizer's 19,683 codes."""
     import torch
 
     from scripts.voice.common import init_weights
     from scripts.voice.lm import SHAPE, new_model
 
-    path = COMMITTED / "candidate" / "llm.pt"
+    path = VOICE / "llm.pt"
     floats = [v for v in torch.load(path, weights_only=True).values() if v.is_floating_point()]
     assert floats and all(v.dtype == torch.float16 for v in floats)
     model = new_model(COMMITTED / "blank", 19683, SHAPE, 0.0)
     model.load_state_dict(init_weights(path))  # strict: every key, every shape
 
 
-def test_the_committed_candidate_flow_loads_and_grows_into_the_next_stage() -> None:
-    """data/voice/candidate/flow.pt, the candidate's 6-block flow (`x3p9`): float16 official keys that load, strict,
-    into the flow over the candidate's 19,683 codes, and grow to the 12 blocks the next stage trains (`flow --init
-    data/voice/candidate/flow.pt --depth 12`) computing the same function at the start."""
+def test_the_shipped_flow_loads_and_grows_into_the_next_stage() -> None:
+    """specli-en's flow.pt, the 6-block flow (`x3p9`): float16 official keys that load, strict, into the flow over
+    the 19,683 codes, and grow to the 12 blocks a next stage trains (`flow --depth 12`) computing the same function
+    at the start."""
     import torch
 
     from scripts.voice.common import init_weights
     from scripts.voice.flow import dit_depth, flow_config, grown
     from specli.tts.acoustic.flow_cv3 import FlowCV3
 
-    path = COMMITTED / "candidate" / "flow.pt"
+    path = VOICE / "flow.pt"
     floats = [v for v in torch.load(path, weights_only=True).values() if v.is_floating_point()]
     assert floats and all(v.dtype == torch.float16 for v in floats)
     state = init_weights(path)

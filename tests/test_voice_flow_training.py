@@ -122,9 +122,9 @@ def test_assemble_writes_the_shipped_yaml_and_names_the_ratio_key_only_with_a_le
 
     shipped = Path(__file__).resolve().parent.parent / "specli" / "voices" / "specli-en" / "cosyvoice3.yaml"
     dit = {"dim": 256, "depth": 6, "heads": 4}
-    phonemes = assemble.voice_yaml(256, 6561, 256, dit, phonemes=True)
+    phonemes = assemble.voice_yaml(256, 19683, 256, dit, phonemes=True)
     assert assemble.with_cfm_keys(phonemes, 1, 0.0) == shipped.read_text(encoding="utf-8")
-    text = assemble.voice_yaml(256, 6561, 256, dit, phonemes=False)
+    text = assemble.voice_yaml(256, 19683, 256, dit, phonemes=False)
     assert "min_token_text_ratio" not in text and "# max_piece_words.\n" in text
 
 
@@ -149,7 +149,7 @@ def test_a_flow_replaced_into_a_voice_brings_its_dit_shape_into_the_yaml(tmp_pat
     voice.mkdir()
     (voice / "cosyvoice3.yaml").write_text(text, encoding="utf-8")
     flow = {"model": {"w": torch.zeros(2)}, "config": {"dit": {"dim": 256, "depth": 12, "heads": 4},
-                                                       "vocab_size": 6561}}
+                                                       "vocab_size": 19683}}
     assert not assemble.replace_flow(voice, flow, out, steps=None, cfg_rate=None)
     assert (out / "cosyvoice3.yaml").read_text(encoding="utf-8") == deeper
     assert (voice / "cosyvoice3.yaml").read_text(encoding="utf-8") == text  # the source voice untouched
@@ -157,7 +157,7 @@ def test_a_flow_replaced_into_a_voice_brings_its_dit_shape_into_the_yaml(tmp_pat
 
 
 def test_a_flow_of_another_codebook_makes_a_flow_only_copy(tmp_path: Path) -> None:
-    """A flow trained on another tokenizer's codes (3^10 against the voice's 3^8) replaced into a voice: the copy's
+    """A flow trained on another tokenizer's codes (3^10 against the voice's 3^9) replaced into a voice: the copy's
     yaml says the flow's codebook (and only there: the LM's speech_token_size stays), what speaks the voice's codes
     (LM, ONNX tokenizer, drafters, text tokenizer) is left out, the source is untouched; in place it is refused."""
     from scripts.voice import assemble
@@ -175,7 +175,7 @@ def test_a_flow_of_another_codebook_makes_a_flow_only_copy(tmp_path: Path) -> No
     assert assemble.replace_flow(voice, flow, out, steps=None, cfg_rate=None)
     new = (out / "cosyvoice3.yaml").read_text(encoding="utf-8")
     changed = [(a, b) for a, b in zip(text.splitlines(), new.splitlines(), strict=True) if a != b]
-    assert changed == [("    vocab_size: 6561", "    vocab_size: 59049")]
+    assert changed == [("    vocab_size: 19683", "    vocab_size: 59049")]
     assert sorted(p.name for p in out.iterdir()) == ["SHA256SUMS", "cosyvoice3.yaml", "flow.pt"]
     assert (voice / "llm.pt").is_file() and (voice / "dflash" / "model.safetensors").is_file()
     assert (voice / "cosyvoice3.yaml").read_text(encoding="utf-8") == text
@@ -183,7 +183,7 @@ def test_a_flow_of_another_codebook_makes_a_flow_only_copy(tmp_path: Path) -> No
         assemble.replace_flow(voice, flow, voice, steps=None, cfg_rate=None)
     assert (voice / "llm.pt").is_file() and (voice / "cosyvoice3.yaml").read_text(encoding="utf-8") == text
     with pytest.raises(ValueError, match="one vocab_size line"):
-        assemble.with_flow_codebook(text.replace("    vocab_size: 6561\n", ""), 59049)
+        assemble.with_flow_codebook(text.replace("    vocab_size: 19683\n", ""), 59049)
 
 
 def test_validation_clips_stay_out_of_the_round_trips_sentences(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from .common import log
 from .paths import REPO, Layout, work_dir
 
-TOKENIZER_RECIPE = ("f_L4_3p8", "4", "3^8", "4")  # shipped (data/voice/tokenizer.json): name, layer, levels, epochs
+TOKENIZER_RECIPE = ("f_L4_3p9", "4", "3^9", "4")  # shipped (data/voice/tokenizer.json): name, layer, levels, epochs
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ corpus stage runs it, model loads included) on the same sentences. Presets run i
 Not a test:
 
     python benchmarks/voice_rtf.py --corpus WORK/data --sentences 100 --threads 2 --out OUT
+    python benchmarks/voice_rtf.py --corpus WORK/data --presets specli-en-ar --models specli-en,OLD_VOICE_DIR \
+        --repeat 2 --no-piper --out OUT     # two voices' AR, interleaved
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from voice_roundtrip import heldout  # noqa: E402
 STAGES = ("llm", "flow", "vocoder", "total")
 
 
-def specli_run(lines: Path, preset: str, threads: int, out: Path, vocoder_dtype: str | None) -> dict:
-    """One ``specli synthesize`` process: seconds of each stage over the audio's seconds."""
+def specli_run(lines: Path, preset: str, threads: int, out: Path, vocoder_dtype: str | None,
+               model: str | None = None) -> dict:
+    """One ``specli synthesize`` process (``model``: the preset's own when None): seconds of each stage over the
+    audio's seconds."""
     cmd = [sys.executable, "-m", "specli", "synthesize", str(lines), "--preset", preset, "--threads", str(threads),
            "--seed", "0", "--jsonl", "-", "-o", str(out), "--overwrite"]
     cmd += ["--vocoder-dtype", vocoder_dtype] if vocoder_dtype else []
+    cmd += ["--model", model] if model else []
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     rows = [json.loads(line) for line in res.stdout.splitlines()]
     audio = sum(r["duration_s"] for r in rows)
@@ -59,6 +64,9 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=100)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--presets", default="specli-en-ar,specli-en-dflash")
+    ap.add_argument("--models", default="",
+                    help="comma-separated voice directories (or names) each preset runs with, in turn within a pass "
+                         "(default: the preset's own); a system is then named PRESET@MODEL")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--vocoder-dtype", default=None, help="passed to synthesize (default: its own, auto)")
     ap.add_argument("--no-piper", action="store_true", help="specli's presets only")
@@ -72,10 +80,13 @@ def main() -> None:
         lines = Path(tmp) / "lines.txt"
         lines.write_text("\n".join(texts) + "\n", encoding="utf-8")
         for rep in range(args.repeat):
-            for preset in args.presets.split(","):
-                run = specli_run(lines, preset, args.threads, Path(tmp) / preset, args.vocoder_dtype)
-                report["runs"].append({"system": preset, "pass": rep + 1, **run})
-                print(preset, rep + 1, run["rtf"], file=sys.stderr, flush=True)
+            for model in args.models.split(",") if args.models else [None]:
+                for preset in args.presets.split(","):
+                    system = f"{preset}@{model}" if model else preset
+                    run = specli_run(lines, preset, args.threads, Path(tmp) / f"out-{len(report['runs'])}",
+                                     args.vocoder_dtype, model)
+                    report["runs"].append({"system": system, "pass": rep + 1, **run})
+                    print(system, rep + 1, run["rtf"], file=sys.stderr, flush=True)
             if args.no_piper:
                 continue
             pip = Path(tmp) / f"piper-{rep}"

@@ -20,8 +20,9 @@ from specli.io.digest import file_sha256
 # `python -m scripts.voice` (scripts/voice/build.py), continuing from specli/voices/specli-en;
 # tests/test_voice_roundtrip.py holds it to its stated bound.
 SHIPPED_VOICES: MappingProxyType[str, str] = MappingProxyType({
-    "specli-en": "English voice trained here (CosyVoice3 layout: 7M-parameter LM, 6M DiT flow, HiFi-GAN V1 "
-                 "vocoder, 22.05 kHz; piper joe-us speaking fortunes); synthesize's default",
+    "specli-en": "English voice trained here (CosyVoice3 layout: 17M-parameter LM over 19,683 speech codes, 8M DiT "
+                 "flow, HiFi-GAN V1 vocoder, 22.05 kHz; piper joe-us speaking fortunes and WordNet); synthesize's "
+                 "default",
 })
 # name -> the preset a shipped voice runs with when no --preset is named: its fastest lossless one, chosen by
 # docs/benchmarks/voice-speculative-tree (the same speech tokens as <name>-ar, which stays available)

@@ -80,11 +80,11 @@ def main() -> None:
         lines = Path(tmp) / "lines.txt"
         lines.write_text("\n".join(texts) + "\n", encoding="utf-8")
         for rep in range(args.repeat):
-            for model in args.models.split(",") if args.models else [None]:
+            for m, model in enumerate(args.models.split(",") if args.models else [None]):
                 for preset in args.presets.split(","):
                     system = f"{preset}@{model}" if model else preset
-                    run = specli_run(lines, preset, args.threads, Path(tmp) / f"out-{len(report['runs'])}",
-                                     args.vocoder_dtype, model)
+                    run = specli_run(lines, preset, args.threads, Path(tmp) / f"{preset}-{m}", args.vocoder_dtype,
+                                     model)
                     report["runs"].append({"system": system, "pass": rep + 1, **run})
                     print(system, rep + 1, run["rtf"], file=sys.stderr, flush=True)
             if args.no_piper:

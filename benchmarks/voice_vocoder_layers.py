@@ -3,6 +3,7 @@ timed on one mel, in float32 and in bf16 (the stage's autocast), with its multip
 the achieved GFLOP/s can be set beside the CPU's peak. Not a test:
 
     python benchmarks/voice_vocoder_layers.py --frames 384 --threads 2 --repeat 3
+    python benchmarks/voice_vocoder_layers.py --kernels 3,7      # V1 without its kernel-11 blocks (scripts.voice vocoder)
 
 A group is (kind, input channels, kernel): ``conv 128 11`` sums every kernel-11 convolution of the 128-channel
 stage. The times are wall seconds around each call (``--repeat`` calls after a warm-up at the same length, the
@@ -13,13 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-import specli.tts.acoustic.hifigan as hifigan
-from specli.bench.runner import machine_info
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts.voice, the voice's build
+
+import specli.tts.acoustic.hifigan as hifigan  # noqa: E402
+from specli.bench.runner import machine_info  # noqa: E402
+
+from scripts.voice.vocoder import student_of  # noqa: E402
 
 Group = tuple[str, int, int]  # (conv / convT, input channels, kernel)
 
@@ -66,13 +73,16 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=384, help="mel frames (a bucket length: no padding added)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--kernels", default=None, help="time V1 keeping only these block kernels a stage (e.g. 3,7)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = hifigan.load_hifigan(buckets=True).eval()
+    if args.kernels:
+        model = student_of(model, tuple(int(k) for k in args.kernels.split(","))).eval().requires_grad_(False)
     mel = torch.randn(1, 80, args.frames, generator=torch.Generator().manual_seed(0)) - 6.0  # [1, 80, frames]
     audio_s = args.frames * model.cfg.hop_size / model.sample_rate
-    report = {"frames": args.frames, "audio_s": round(audio_s, 3), "machine": machine_info(args.threads),
+    report = {"frames": args.frames, "kernels": list(model.cfg.resblock_kernel_sizes), "audio_s": round(audio_s, 3), "machine": machine_info(args.threads),
               "torch": torch.__version__, "dtypes": {}}
     for name, bf16 in (("float32", False), ("bfloat16", True)):
         run = profile(model, mel, bf16, args.repeat)
@@ -87,7 +97,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(report, indent=1))
         return
-    print(f"{args.frames} frames ({audio_s:.2f} s of audio), {args.threads} thread(s), {report['machine']['cpu']}")
+    print(f"{args.frames} frames ({audio_s:.2f} s of audio), kernels {report['kernels']}, {args.threads} thread(s), "
+          f"{report['machine']['cpu']}")
     for name, row in report["dtypes"].items():
         print(f"\n{name}: {row['seconds']:.3f} s (RTF {row['rtf']:.3f}), {row['gmac']:.1f} GMAC, "
               f"{row['gflops']:.0f} GFLOP/s overall, convolutions {row['conv_share']:.0%} of the time")

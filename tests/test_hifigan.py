@@ -133,9 +133,14 @@ def test_fused_convolutions_equal_the_separate_ops(universal: HifiGan, monkeypat
     finally:
         torch.set_num_threads(threads)
     x = torch.randn(1, 4, 1, 9).contiguous(memory_format=torch.channels_last)
-    assert H._fusable(x) and not H._fusable(x.double())
+    conv = universal.conv_post
+    assert H._fusable(x, conv) and not H._fusable(x.double(), conv)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not H._fusable(x)
+        assert not H._fusable(x, conv)
+    assert not H._fusable(x.requires_grad_(), conv)  # training: the fused op has no autograd kernel
+    with torch.no_grad():
+        assert H._fusable(x, conv)
+    x.requires_grad_(False)
     with pytest.raises(ValueError, match="one post-op"):
         H._conv(universal.conv_post, x[:, :1].expand(1, 32, 1, 9), slope=0.1, residual=x)
 

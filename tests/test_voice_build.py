@@ -20,8 +20,8 @@ from scripts.voice.paths import COMMITTED, ENV, Layout, work_dir  # noqa: E402
 
 VOICE = ROOT / "specli" / "voices" / "specli-en"  # the shipped voice
 
-STAGES = ["corpus", "tokenizer", "tokens", "text-tokenizer", "lexicon", "lm", "flow", "assemble", "drafters",
-          "roundtrip"]
+STAGES = ["corpus", "tokenizer", "tokens", "text-tokenizer", "lexicon", "lm", "flow", "vocoder", "assemble",
+          "drafters", "roundtrip"]
 QUIET = ["--nice", "0"]  # a test never lowers its own process's priority
 
 

@@ -301,6 +301,18 @@ def _trained(run: Path) -> bool:
     return (run / "best.pt").is_file()
 
 
+def _vocoder_args(ap: argparse.ArgumentParser) -> None:
+    from . import vocoder
+
+    vocoder.add_arguments(ap)
+
+
+def _vocoder(lay: Layout, args: argparse.Namespace) -> None:
+    from . import vocoder
+
+    vocoder.train(lay.data, lay.run(args.run), args)
+
+
 # --------------------------------------------------------------------------------------- voice and after
 
 
@@ -392,6 +404,8 @@ STAGES = [
           _lexicon_args, _lexicon, _lexicon_done),
     Stage("lm", "the speech-token LM (<work>/train/lm)", _lm_args, _lm, lambda lay: _trained(lay.run("lm"))),
     Stage("flow", "the DiT flow (<work>/train/flow)", _flow_args, _flow, lambda lay: _trained(lay.run("flow"))),
+    Stage("vocoder", "a HiFi-GAN with fewer blocks distilled from V1 (<work>/train/vocoder; not shipped yet)",
+          _vocoder_args, _vocoder, lambda lay: _trained(lay.run("vocoder"))),
     Stage("assemble", "the model directory, checked through specli's loaders", _assemble_args, _assemble, _never),
     Stage("drafters", "the speculative drafters distilled from the voice's LM (<work>/drafters)", _drafters_args,
           _drafters, _never),

@@ -167,9 +167,13 @@ class _ResBlock1(nn.Module):
 _POINTWISE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
 
 
-def _fusable(x: torch.Tensor) -> bool:
-    """oneDNN's fused convolution applies: float32 on the CPU outside autocast (bf16 stages take ``F.conv2d``)."""
-    return _POINTWISE and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+def _fusable(x: torch.Tensor, conv: nn.Module) -> bool:
+    """oneDNN's fused convolution applies: float32 on the CPU outside autocast (bf16 stages take ``F.conv2d``), and
+    no gradient wanted (the fused op has no autograd kernel: backpropagating through it silently gives none, so a
+    distillation or fine-tune of the generator takes ``F.conv2d``)."""
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or conv.weight.requires_grad)
+    return (_POINTWISE and x.device.type == "cpu" and x.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu") and not wants_grad)
 
 
 def _conv(conv: nn.Conv1d, x: torch.Tensor, slope: float | None = None,
@@ -184,10 +188,11 @@ def _conv(conv: nn.Conv1d, x: torch.Tensor, slope: float | None = None,
     pad, dil = [0, conv.padding[0]], [1, conv.dilation[0]]
     if slope is not None and residual is not None:
         raise ValueError("one post-op: a leaky ReLU or a residual")
-    if _fusable(x) and residual is not None:
+    fused = _fusable(x, conv)
+    if fused and residual is not None:
         return torch.ops.mkldnn._convolution_pointwise(x, residual, weight, conv.bias, pad, [1, 1], dil, 1, "add",
                                                        1.0, None, [], None)
-    if _fusable(x) and slope is not None:
+    if fused and slope is not None:
         return torch.ops.mkldnn._convolution_pointwise(x, weight, conv.bias, pad, [1, 1], dil, 1, "leaky_relu",
                                                        [slope], "")
     y = F.conv2d(x, weight, conv.bias, padding=tuple(pad), dilation=tuple(dil))
@@ -244,17 +249,21 @@ class HifiGan(nn.Module):
         return self.cfg.sampling_rate
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:  # [B, num_mels, T] -> [B, 1, T * hop]
-        kernels = len(self.cfg.resblock_kernel_sizes)
         x = mel[:, :, None].contiguous(memory_format=torch.channels_last)  # [B, num_mels, 1, T]
         x = _conv(self.conv_pre, x)  # [B, 512, 1, T]
         for i, up in enumerate(self.ups):
             x = _conv_transpose(up, F.leaky_relu(x, self.cfg.lrelu_slope))  # [B, C / 2, 1, T * rate]
-            act = F.leaky_relu(x, self.cfg.lrelu_slope)  # each block's first activation, computed once
-            xs = self.resblocks[i * kernels](x, act)
-            for j in range(1, kernels):
-                xs = xs + self.resblocks[i * kernels + j](x, act)
-            x = xs / kernels
+            x = self.mrf(i, x, F.leaky_relu(x, self.cfg.lrelu_slope))
         return torch.tanh(_conv(self.conv_post, F.leaky_relu(x)))[:, :, 0]  # upstream: default slope 0.01 here
+
+    def mrf(self, stage: int, x: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        """Stage ``stage``'s multi-receptive-field fusion: the mean of its ResBlock1s on ``x [B, C, 1, T]``, ``act``
+        = ``leaky_relu(x)`` (each block's first activation, computed once)."""
+        kernels = len(self.cfg.resblock_kernel_sizes)
+        xs = self.resblocks[stage * kernels](x, act)
+        for j in range(1, kernels):
+            xs = xs + self.resblocks[stage * kernels + j](x, act)
+        return xs / kernels
 
     @torch.inference_mode()
     def vocode(self, mel: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
